@@ -182,7 +182,7 @@ fn materialize(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<HostTensor> {
         Role::Nvfp4GlobalScale | Role::Nvfp4InputScale | Role::Fp8WeightScale | Role::Fp8InputScale | Role::KvScale => {
             let v = formats::f32_at(src, 0);
             if !(v.is_finite() && v > 0.0) {
-                return Err(bad(format!("scale is {v}; a {} must be finite and > 0", s.what)));
+                return Err(bad(format!("scale is {v}; the scales of {} must be finite and > 0", s.what)));
             }
             (dtype, src.to_vec())
         }

@@ -258,7 +258,7 @@ fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value
             let field = format!("quantized_layers.{module}");
             let form = algo_form(file, &field, &a)?;
             if matches!(form, WeightForm::Nvfp4(_)) {
-                check_group(file, &field, entry.get("group_size").filter(|v| !v.is_null()).or(top_group))?;
+                check_group(file, &format!("{field}.group_size"), entry.get("group_size").filter(|v| !v.is_null()).or(top_group))?;
             }
             map.insert(module.clone(), form);
         }
@@ -298,7 +298,7 @@ fn check_group(file: &str, field: &str, g: Option<&Value>) -> Result<()> {
         None => Ok(()), // vLLM's default for NVFP4 entries is 16
         Some(v) => match v.as_u64() {
             Some(SUPPORTED_GROUP_SIZE) => Ok(()),
-            _ => Err(qerr(file, format!("{field}.group_size"), format!("{v} is not supported (NVFP4 blocks are 16 elements)"))),
+            _ => Err(qerr(file, field, format!("{v} is not supported (NVFP4 blocks are 16 elements)"))),
         },
     }
 }

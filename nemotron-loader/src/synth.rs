@@ -317,8 +317,9 @@ pub fn recipe_json(cfg: &NemotronHConfig, recipe: SynthRecipe) -> Result<(Option
     })
 }
 
-/// Whether the writer emits an optional spec for this recipe.
-fn writes_optional(s: &Spec, recipe: SynthRecipe) -> bool {
+/// Whether a recipe ships an optional tensor (Lightning ships KV scales for the backbone; no
+/// W4A16 module ships an `input_scale`).
+pub fn ships_optional(s: &Spec, recipe: SynthRecipe) -> bool {
     match s.role {
         Role::KvScale => recipe == SynthRecipe::LightningMixed && !s.deferred,
         _ => false,
@@ -348,7 +349,7 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
     }
     let recipe = QuantRecipe::from_sources(&cfg_json, hq.as_ref())?;
     let plan = Plan::new(&cfg, &recipe)?;
-    let specs: Vec<&Spec> = plan.specs.iter().filter(|s| !s.optional || writes_optional(s, opts.recipe)).collect();
+    let specs: Vec<&Spec> = plan.specs.iter().filter(|s| !s.optional || ships_optional(s, opts.recipe)).collect();
 
     // Shard assignment: greedy by size, never splitting a linear's parts.
     let size = |s: &Spec| (s.shape.iter().product::<usize>() * s.write_dtype.size()) as u64;
