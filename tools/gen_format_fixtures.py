@@ -222,6 +222,23 @@ def nvfp4_inputs() -> list[tuple[str, np.ndarray]]:
     return [(d, w.astype(F32)) for d, w in cases]
 
 
+def e2m1_encode_ref_np(t: np.ndarray) -> np.ndarray:
+    """Round |t| to the nearest E2M1 magnitude, ties to the even code; saturate at 6.
+
+    Sign bit = (t < 0), so small negatives give code 8 (-0) and -0.0 gives code 0,
+    matching what ModelOpt emits.
+    """
+    grid = E2M1[:8].astype(np.float64)
+    a = np.minimum(np.abs(t.astype(np.float64)), 6.0)
+    d = np.abs(a[..., None] - grid)  # distance to each magnitude
+    best = d.min(axis=-1, keepdims=True)
+    cand = d == best
+    # among equally near codes pick the even one (grid codes 0..7, ties involve a pair)
+    idx = np.where(cand.sum(-1) > 1, np.argmax(cand & (np.arange(8) % 2 == 0), axis=-1),
+                   np.argmax(cand, axis=-1))
+    return (idx + 8 * (t < 0)).astype(np.uint8)
+
+
 def nvfp4_dequant_np(packed: np.ndarray, scale_bytes: np.ndarray, wsf2: F32) -> np.ndarray:
     """Format definition: value = (E2M1[code] * f32(e4m3 block scale)) * weight_scale_2, all f32.
 
@@ -259,6 +276,13 @@ for i, (desc, w_np) in enumerate(nvfp4_inputs()):
     scale_bytes = t2np(wsf.view(torch.uint8))
     wsf2_np = F32(wsf2.item())
     deq = nvfp4_dequant_np(packed_np, scale_bytes, wsf2_np)
+
+    # Independent check of ModelOpt's nibble values: w / (f32(scale) * wsf2), RNE on the E2M1 grid.
+    step = (np.repeat(E4M3_ALL[scale_bytes], BLOCK, axis=1) * wsf2_np).astype(F32)
+    codes_ref = e2m1_encode_ref_np((w_np / step).astype(F32))
+    codes_mo = np.empty((R, C), dtype=np.uint8)
+    codes_mo[:, 0::2], codes_mo[:, 1::2] = packed_np & 0x0F, packed_np >> 4
+    assert np.array_equal(codes_mo, codes_ref), f"case {i}: ModelOpt codes != numpy E2M1 RNE reference"
 
     # ModelOpt's own dequantize computes E2M1 * (f32(scale) * wsf2) (different association).
     deq_mo = t2np(qt.dequantize(dtype=torch.float32, scale=wsf, double_scale=wsf2,
@@ -300,8 +324,13 @@ for i, (desc, w_np) in enumerate(nvfp4_inputs()):
               f"codes {sorted(set(packed_np[0, 8:16].tolist()))}")
         assert E4M3_ALL[zb] == 1.0
         # Expected tie behaviour (round half to even on the E2M1 grid).
-        expect = {0.25: 0, 0.75: 1, 1.25: 1, 1.75: 2, 2.5: 2, 3.5: 4, 5.0: 4}
-        print("     ties -> " + ", ".join(f"{t}->{v}" for t, v in expect.items()))
+        expect = {0.25: 0.0, 0.75: 1.0, 1.25: 1.0, 1.75: 2.0, 2.5: 2.0, 3.5: 4.0, 5.0: 4.0, 6.0: 6.0}
+        got = E2M1[codes_mo[0, :16]]
+        t_in = w_np[0, :16] / (448.0 * 2.0**-12)
+        for t, g in zip(t_in, got):
+            assert abs(g) == expect[abs(float(t))] and (np.signbit(g) == (t < 0)), (t, g)
+        print("     ties (round half to even) -> " + ", ".join(f"{t}->{v}" for t, v in expect.items())
+              + "; -0.25 -> code 8 (-0)")
 
 # --------------------------------------------------------------------------------------
 # E4M3 decode table and encode golden (PyTorch cast)
@@ -340,8 +369,8 @@ tensors["e4m3.enc.code"] = torch.from_numpy(enc_code)
 print(f"  e4m3.enc: {enc_x.size} values, matches numpy RNE reference; "
       f"codes 0x7e/0xfe: {int(np.sum((enc_code & 0x7F) == 0x7E))}, zeros: {int(np.sum((enc_code & 0x7F) == 0))}")
 
-# Beyond 464 torch's cast saturates (torch >= 2.10-ish: finite overflow and +-inf -> +-448,
-# older torch returned NaN from 480 up). Stored separately so a codec can opt in.
+# Beyond 464 torch 2.15's cast saturates (finite overflow and +-inf -> +-448; some
+# older torch releases returned NaN from 480 up). Stored separately so a codec can opt in.
 sat_x = np.array([464.01, -464.01, 479.99, 480.0, -480.0, 500.0, 1e4, -1e4, 3.0e38,
                   np.inf, -np.inf], dtype=F32)
 sat_code = t2np(torch.from_numpy(sat_x).to(torch.float8_e4m3fn).view(torch.uint8))
@@ -460,11 +489,31 @@ metadata = {
 os.makedirs(os.path.dirname(OUT_PATH), exist_ok=True)
 save_file({k: v.contiguous() for k, v in tensors.items()}, OUT_PATH, metadata=metadata)
 
+
+def canonicalize_header(path: str) -> None:
+    """safetensors writes __metadata__ from a hash map, so its key order varies between runs.
+
+    Rewrite the JSON header in place with the metadata keys sorted (same bytes, same length,
+    tensor entries and data untouched) so that the file is byte-for-byte reproducible.
+    """
+    with open(path, "r+b") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        raw = fh.read(n)
+        hdr = json.loads(raw, object_pairs_hook=dict)
+        hdr["__metadata__"] = dict(sorted(hdr["__metadata__"].items()))
+        out = json.dumps({"__metadata__": hdr.pop("__metadata__"), **hdr}, separators=(",", ":")).encode()
+        assert len(out) <= n, "canonical header longer than the original"
+        fh.seek(8)
+        fh.write(out + b" " * (n - len(out)))  # safetensors pads the header with spaces
+
+
+canonicalize_header(OUT_PATH)
+
 back = load_file(OUT_PATH)
 assert back.keys() == tensors.keys()
 for k, v in tensors.items():
     assert back[k].dtype == v.dtype and back[k].shape == v.shape
-    assert torch.equal(back[k].view(torch.uint8), v.view(torch.uint8)), k
+    assert torch.equal(back[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)), k
 with safetensors.safe_open(OUT_PATH, "pt") as f:
     assert f.metadata() == metadata
 # Show the on-disk dtype strings from the raw header.

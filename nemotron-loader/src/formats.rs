@@ -181,7 +181,7 @@ pub fn nvfp4_global_scale(w: &[f32]) -> f32 {
 
 /// Encodes a row-major `[rows, cols]` matrix to NVFP4 the way ModelOpt's
 /// `NVFP4QTensor.quantize(w, 16)` does: global scale `amax/2688`, per-block scale
-/// `e4m3(block_amax / (6 · global))` (1.0 for an all-zero block), codes
+/// `e4m3(clamp(block_amax / (6 · global), 2^-9, 448))` (1.0 for an all-zero block), codes
 /// `round_e2m1(w / (f32(block_scale) · global))`.
 ///
 /// Panics if `cols` is not a multiple of 16 or `w.len() != rows·cols` (fixture code).
@@ -201,10 +201,9 @@ pub fn nvfp4_encode_with_global(w: &[f32], rows: usize, cols: usize, gs: f32) ->
         for b in 0..nb {
             let blk = &w[r * cols + b * NVFP4_BLOCK..r * cols + (b + 1) * NVFP4_BLOCK];
             let bamax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let mut s = f32_to_e4m3(bamax / (E2M1_MAX * gs));
-            if bamax == 0.0 || e4m3_to_f32(s) == 0.0 {
-                s = 0x38; // 1.0
-            }
+            // ModelOpt: a zero scale becomes 1.0; others are clamped to [2^-9, 448] before the cast.
+            let raw = bamax / (E2M1_MAX * gs);
+            let s = if raw == 0.0 { 0x38 } else { f32_to_e4m3(raw.clamp(2f32.powi(-9), E4M3_MAX)) };
             block_scales[r * nb + b] = s;
             let denom = e4m3_to_f32(s) * gs;
             for j in 0..NVFP4_BLOCK / 2 {
