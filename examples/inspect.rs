@@ -37,10 +37,18 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         Some(d) => d.clone(),
         None => {
             let t = tempfile::tempdir()?;
-            let opts = SynthOptions { recipe: SynthRecipe::LightningMixed, seed: 7, max_shard_bytes: 64 << 10, misalign: false };
+            let opts = SynthOptions {
+                recipe: SynthRecipe::LightningMixed,
+                seed: 7,
+                max_shard_bytes: 64 << 10,
+                misalign: false,
+            };
             write_checkpoint(t.path(), &Geometry::tiny(), &opts)?;
             if !args.json {
-                eprintln!("no directory given: wrote a tiny synthetic Lightning-style checkpoint to {}", t.path().display());
+                eprintln!(
+                    "no directory given: wrote a tiny synthetic Lightning-style checkpoint to {}",
+                    t.path().display()
+                );
             }
             let p = t.path().to_path_buf();
             _tmp = t;

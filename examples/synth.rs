@@ -39,9 +39,18 @@ fn main() {
         "lightning" => Geometry::lightning_30b(),
         g => fail(&format!("unknown --geometry {g:?} (tiny, nano, lightning)")),
     };
-    let recipe = SynthRecipe::parse(&a.recipe)
-        .unwrap_or_else(|| fail(&format!("unknown --recipe {:?} (bf16, nano-nvfp4, lightning-mixed)", a.recipe)));
-    let opts = SynthOptions { recipe, seed: a.seed, max_shard_bytes: a.shard_mb << 20, misalign: a.misalign };
+    let recipe = SynthRecipe::parse(&a.recipe).unwrap_or_else(|| {
+        fail(&format!(
+            "unknown --recipe {:?} (bf16, nano-nvfp4, lightning-mixed)",
+            a.recipe
+        ))
+    });
+    let opts = SynthOptions {
+        recipe,
+        seed: a.seed,
+        max_shard_bytes: a.shard_mb << 20,
+        misalign: a.misalign,
+    };
     let t0 = Instant::now();
     match write_checkpoint(&a.out, &geom, &opts) {
         Ok(s) => println!(

@@ -167,7 +167,10 @@ impl NemotronHConfig {
 
         if let Some(mt) = m.get("model_type").and_then(Value::as_str) {
             if mt != "nemotron_h" {
-                return Err(LoadError::config("model_type", format!("is {mt:?}, expected \"nemotron_h\"")));
+                return Err(LoadError::config(
+                    "model_type",
+                    format!("is {mt:?}, expected \"nemotron_h\""),
+                ));
             }
         }
 
@@ -183,7 +186,10 @@ impl NemotronHConfig {
             }
         }
         if layers.is_empty() {
-            return Err(LoadError::config("hybrid_override_pattern", "the layer pattern is empty"));
+            return Err(LoadError::config(
+                "hybrid_override_pattern",
+                "the layer pattern is empty",
+            ));
         }
 
         let (norm_eps, norm_eps_field) = ["layer_norm_epsilon", "norm_eps", "rms_norm_eps"]
@@ -198,7 +204,10 @@ impl NemotronHConfig {
                 )
             })?;
         if !(norm_eps.is_finite() && norm_eps > 0.0) {
-            return Err(LoadError::config(norm_eps_field, format!("must be finite and > 0, got {norm_eps}")));
+            return Err(LoadError::config(
+                norm_eps_field,
+                format!("must be finite and > 0, got {norm_eps}"),
+            ));
         }
 
         let tie_word_embeddings = f.opt_bool("tie_word_embeddings")?.unwrap_or(false);
@@ -210,7 +219,10 @@ impl NemotronHConfig {
             for (key, want) in [("mamba_hidden_act", "silu")] {
                 if let Some(a) = f.opt_str(key)? {
                     if a != want {
-                        return Err(LoadError::config(key, format!("{a:?} is not supported (only {want:?})")));
+                        return Err(LoadError::config(
+                            key,
+                            format!("{a:?} is not supported (only {want:?})"),
+                        ));
                     }
                 }
             }
@@ -230,7 +242,10 @@ impl NemotronHConfig {
             if c.num_heads % c.n_groups != 0 {
                 return Err(LoadError::config(
                     "n_groups",
-                    format!("mamba_num_heads {} is not divisible by n_groups {}", c.num_heads, c.n_groups),
+                    format!(
+                        "mamba_num_heads {} is not divisible by n_groups {}",
+                        c.num_heads, c.n_groups
+                    ),
                 ));
             }
             Some(c)
@@ -257,9 +272,17 @@ impl NemotronHConfig {
                 ));
             }
             if let Some(w) = m.get("sliding_window").filter(|v| !v.is_null()) {
-                return Err(LoadError::config("sliding_window", format!("{w} is not supported (expected null)")));
+                return Err(LoadError::config(
+                    "sliding_window",
+                    format!("{w} is not supported (expected null)"),
+                ));
             }
-            Some(AttentionConfig { num_heads, num_kv_heads, head_dim, bias: f.opt_bool("attention_bias")?.unwrap_or(false) })
+            Some(AttentionConfig {
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                bias: f.opt_bool("attention_bias")?.unwrap_or(false),
+            })
         } else {
             None
         };
@@ -267,7 +290,10 @@ impl NemotronHConfig {
         let relu2 = |f: &Fields| -> Result<()> {
             if let Some(a) = f.opt_str("mlp_hidden_act")? {
                 if a != "relu2" {
-                    return Err(LoadError::config("mlp_hidden_act", format!("{a:?} is not supported (only \"relu2\")")));
+                    return Err(LoadError::config(
+                        "mlp_hidden_act",
+                        format!("{a:?} is not supported (only \"relu2\")"),
+                    ));
                 }
             }
             Ok(())
@@ -276,7 +302,10 @@ impl NemotronHConfig {
         let moe = if uses(LayerKind::Moe) {
             relu2(&f)?;
             if let Some(l) = m.get("moe_latent_size").filter(|v| !v.is_null()) {
-                return Err(LoadError::config("moe_latent_size", format!("{l}: latent MoE (Super) is not supported yet")));
+                return Err(LoadError::config(
+                    "moe_latent_size",
+                    format!("{l}: latent MoE (Super) is not supported yet"),
+                ));
             }
             let n_routed_experts = f.pos("n_routed_experts")?;
             let top_k = f.pos("num_experts_per_tok")?;
@@ -290,7 +319,10 @@ impl NemotronHConfig {
             };
             let routed_scaling_factor = f.f64("routed_scaling_factor")?;
             if !(routed_scaling_factor.is_finite() && routed_scaling_factor > 0.0) {
-                return Err(LoadError::config("routed_scaling_factor", format!("must be finite and > 0, got {routed_scaling_factor}")));
+                return Err(LoadError::config(
+                    "routed_scaling_factor",
+                    format!("must be finite and > 0, got {routed_scaling_factor}"),
+                ));
             }
             if top_k > n_routed_experts {
                 return Err(LoadError::config(
@@ -301,11 +333,16 @@ impl NemotronHConfig {
             if n_routed_experts % n_group != 0 {
                 return Err(LoadError::config(
                     "n_group",
-                    format!("n_routed_experts {n_routed_experts} is not divisible by n_group {n_group}"),
+                    format!(
+                        "n_routed_experts {n_routed_experts} is not divisible by n_group {n_group}"
+                    ),
                 ));
             }
             if topk_group > n_group {
-                return Err(LoadError::config("topk_group", format!("{topk_group} exceeds n_group {n_group}")));
+                return Err(LoadError::config(
+                    "topk_group",
+                    format!("{topk_group} exceeds n_group {n_group}"),
+                ));
             }
             if n_group > 1 && top_k > topk_group * (n_routed_experts / n_group) {
                 return Err(LoadError::config(
@@ -331,7 +368,10 @@ impl NemotronHConfig {
 
         let mlp = if uses(LayerKind::Mlp) {
             relu2(&f)?;
-            Some(MlpConfig { intermediate_size: f.pos("intermediate_size")?, bias: f.opt_bool("mlp_bias")?.unwrap_or(false) })
+            Some(MlpConfig {
+                intermediate_size: f.pos("intermediate_size")?,
+                bias: f.opt_bool("mlp_bias")?.unwrap_or(false),
+            })
         } else {
             None
         };
@@ -339,10 +379,16 @@ impl NemotronHConfig {
         for (key, on) in [
             ("use_bias", mamba.as_ref().is_some_and(|c| c.proj_bias)),
             ("attention_bias", attention.as_ref().is_some_and(|c| c.bias)),
-            ("mlp_bias", moe.as_ref().is_some_and(|c| c.bias) || mlp.as_ref().is_some_and(|c| c.bias)),
+            (
+                "mlp_bias",
+                moe.as_ref().is_some_and(|c| c.bias) || mlp.as_ref().is_some_and(|c| c.bias),
+            ),
         ] {
             if on {
-                return Err(LoadError::config(key, "projection biases are not supported (no released NemotronH has them)"));
+                return Err(LoadError::config(
+                    key,
+                    "projection biases are not supported (no released NemotronH has them)",
+                ));
             }
         }
 
@@ -350,9 +396,16 @@ impl NemotronHConfig {
             None | Some(Value::Null) => vec![],
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|x| x.as_u64().map(|x| x as u32).ok_or_else(|| LoadError::config("eos_token_id", "expected integers")))
+                .map(|x| {
+                    x.as_u64()
+                        .map(|x| x as u32)
+                        .ok_or_else(|| LoadError::config("eos_token_id", "expected integers"))
+                })
                 .collect::<Result<_>>()?,
-            Some(x) => vec![x.as_u64().ok_or_else(|| LoadError::config("eos_token_id", "expected an integer or a list"))? as u32],
+            Some(x) => vec![x
+                .as_u64()
+                .ok_or_else(|| LoadError::config("eos_token_id", "expected an integer or a list"))?
+                as u32],
         };
 
         Ok(NemotronHConfig {
@@ -381,7 +434,9 @@ fn check_dt_limit(v: &Value) -> Result<()> {
         Value::Null => true,
         Value::Array(a) if a.len() == 2 => {
             let lo = a[0].as_f64();
-            let hi_inf = a[1].is_null() || a[1].as_f64().is_some_and(|x| x.is_infinite()) || a[1].as_str() == Some("inf");
+            let hi_inf = a[1].is_null()
+                || a[1].as_f64().is_some_and(|x| x.is_infinite())
+                || a[1].as_str() == Some("inf");
             lo == Some(0.0) && hi_inf
         }
         _ => false,
@@ -389,7 +444,10 @@ fn check_dt_limit(v: &Value) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(LoadError::config("time_step_limit", format!("{v} is not supported: only (0.0, inf), i.e. no dt clamp")))
+        Err(LoadError::config(
+            "time_step_limit",
+            format!("{v} is not supported: only (0.0, inf), i.e. no dt clamp"),
+        ))
     }
 }
 
@@ -405,7 +463,10 @@ fn parse_layers(m: &Map<String, Value>) -> Result<Vec<LayerKind>> {
             if other != layers {
                 return Err(LoadError::config(
                     "layers_block_type",
-                    format!("{} disagrees with hybrid_override_pattern {s}", pattern_string(&other)),
+                    format!(
+                        "{} disagrees with hybrid_override_pattern {s}",
+                        pattern_string(&other)
+                    ),
                 ));
             }
         }
@@ -423,7 +484,10 @@ fn parse_layers(m: &Map<String, Value>) -> Result<Vec<LayerKind>> {
 fn parse_mtp_layers(m: &Map<String, Value>) -> Result<Vec<LayerKind>> {
     let layers = if let Some(v) = m.get("mtp_layers_block_type").filter(|v| !v.is_null()) {
         parse_list("mtp_layers_block_type", v)?
-    } else if let Some(v) = m.get("mtp_hybrid_override_pattern").filter(|v| !v.is_null()) {
+    } else if let Some(v) = m
+        .get("mtp_hybrid_override_pattern")
+        .filter(|v| !v.is_null())
+    {
         let s = v
             .as_str()
             .ok_or_else(|| LoadError::config("mtp_hybrid_override_pattern", "expected a string"))?;
@@ -431,10 +495,13 @@ fn parse_mtp_layers(m: &Map<String, Value>) -> Result<Vec<LayerKind>> {
     } else {
         vec![]
     };
-    let n = match m.get("num_nextn_predict_layers") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(v.as_u64().ok_or_else(|| LoadError::config("num_nextn_predict_layers", "expected an integer"))?),
-    };
+    let n =
+        match m.get("num_nextn_predict_layers") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                LoadError::config("num_nextn_predict_layers", "expected an integer")
+            })?),
+        };
     match (n, layers.is_empty()) {
         (Some(0), _) | (None, true) => Ok(vec![]),
         (Some(1), false) | (None, false) => Ok(layers),
@@ -442,7 +509,10 @@ fn parse_mtp_layers(m: &Map<String, Value>) -> Result<Vec<LayerKind>> {
             "mtp_layers_block_type",
             "missing while num_nextn_predict_layers is 1 (also no `mtp_hybrid_override_pattern`)",
         )),
-        (Some(k), _) => Err(LoadError::config("num_nextn_predict_layers", format!("{k} is not supported (0 or 1)"))),
+        (Some(k), _) => Err(LoadError::config(
+            "num_nextn_predict_layers",
+            format!("{k} is not supported (0 or 1)"),
+        )),
     }
 }
 
@@ -450,14 +520,20 @@ fn parse_pattern(field: &str, s: &str) -> Result<Vec<LayerKind>> {
     s.chars()
         .enumerate()
         .map(|(i, c)| {
-            LayerKind::from_letter(c)
-                .ok_or_else(|| LoadError::config(field, format!("unknown layer letter {c:?} at position {i} (expected M, E, * or -)")))
+            LayerKind::from_letter(c).ok_or_else(|| {
+                LoadError::config(
+                    field,
+                    format!("unknown layer letter {c:?} at position {i} (expected M, E, * or -)"),
+                )
+            })
         })
         .collect()
 }
 
 fn parse_list(field: &str, v: &Value) -> Result<Vec<LayerKind>> {
-    let a = v.as_array().ok_or_else(|| LoadError::config(field, "expected a list of layer type names"))?;
+    let a = v
+        .as_array()
+        .ok_or_else(|| LoadError::config(field, "expected a list of layer type names"))?;
     a.iter()
         .enumerate()
         .map(|(i, x)| {
@@ -482,14 +558,15 @@ impl Fields<'_> {
     fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
         self.get(k)
             .map(|v| {
-                v.as_u64()
-                    .map(|x| x as usize)
-                    .ok_or_else(|| LoadError::config(k, format!("expected a non-negative integer, got {v}")))
+                v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    LoadError::config(k, format!("expected a non-negative integer, got {v}"))
+                })
             })
             .transpose()
     }
     fn usize(&self, k: &str) -> Result<usize> {
-        self.opt_usize(k)?.ok_or_else(|| LoadError::config(k, "missing"))
+        self.opt_usize(k)?
+            .ok_or_else(|| LoadError::config(k, "missing"))
     }
     fn pos(&self, k: &str) -> Result<usize> {
         let x = self.usize(k)?;
@@ -500,19 +577,27 @@ impl Fields<'_> {
     }
     fn f64(&self, k: &str) -> Result<f64> {
         let v = self.get(k).ok_or_else(|| LoadError::config(k, "missing"))?;
-        v.as_f64().ok_or_else(|| LoadError::config(k, format!("expected a number, got {v}")))
+        v.as_f64()
+            .ok_or_else(|| LoadError::config(k, format!("expected a number, got {v}")))
     }
     fn opt_bool(&self, k: &str) -> Result<Option<bool>> {
         self.get(k)
-            .map(|v| v.as_bool().ok_or_else(|| LoadError::config(k, format!("expected true/false, got {v}"))))
+            .map(|v| {
+                v.as_bool()
+                    .ok_or_else(|| LoadError::config(k, format!("expected true/false, got {v}")))
+            })
             .transpose()
     }
     fn bool(&self, k: &str) -> Result<bool> {
-        self.opt_bool(k)?.ok_or_else(|| LoadError::config(k, "missing"))
+        self.opt_bool(k)?
+            .ok_or_else(|| LoadError::config(k, "missing"))
     }
     fn opt_str(&self, k: &str) -> Result<Option<&str>> {
         self.get(k)
-            .map(|v| v.as_str().ok_or_else(|| LoadError::config(k, format!("expected a string, got {v}"))))
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| LoadError::config(k, format!("expected a string, got {v}")))
+            })
             .transpose()
     }
 }

@@ -70,7 +70,10 @@ pub enum LoadError {
 
 impl LoadError {
     pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        LoadError::Config { field: field.into(), reason: reason.into() }
+        LoadError::Config {
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 }
 

@@ -15,7 +15,8 @@
 
 pub mod config;
 pub mod error;
-pub mod formats;
+/// The number formats (re-exported from `nemotron-formats`).
+pub use nemotron_formats as formats;
 pub mod load;
 pub mod plan;
 pub mod quant;

@@ -46,14 +46,76 @@ pub fn read_config(dir: &Path) -> Result<(NemotronHConfig, QuantRecipe)> {
     let cfg_value = read_json(&cfg_path)?;
     let config = NemotronHConfig::from_value(&cfg_value)?;
     let hq_path = dir.join("hf_quant_config.json");
-    let hq = if hq_path.exists() { Some(read_json(&hq_path)?) } else { None };
+    let hq = if hq_path.exists() {
+        Some(read_json(&hq_path)?)
+    } else {
+        None
+    };
     let recipe = QuantRecipe::from_sources(&cfg_value, hq.as_ref())?;
     Ok((config, recipe))
 }
 
 fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
-    serde_json::from_str(&text).map_err(|source| LoadError::Json { path: path.into(), source })
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.into(),
+        source,
+    })?;
+    serde_json::from_str(&text).or_else(|e| {
+        // Python's json module writes bare `Infinity` / `NaN` (transformers saves
+        // `time_step_limit: [0.0, Infinity]`); read them as the strings "inf" / "nan".
+        let fixed = quote_nonfinite(&text);
+        if fixed == text {
+            return Err(LoadError::Json {
+                path: path.into(),
+                source: e,
+            });
+        }
+        serde_json::from_str(&fixed).map_err(|_| LoadError::Json {
+            path: path.into(),
+            source: e,
+        })
+    })
+}
+
+/// Replaces the non-standard number tokens `Infinity`, `-Infinity` and `NaN` outside strings by
+/// the JSON strings `"inf"`, `"-inf"` and `"nan"`.
+fn quote_nonfinite(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut in_str = false;
+    let mut escaped = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_str {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_str = false;
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        let token = [
+            ("-Infinity", "\"-inf\""),
+            ("Infinity", "\"inf\""),
+            ("NaN", "\"nan\""),
+        ]
+        .into_iter()
+        .find(|(t, _)| rest.starts_with(t));
+        if let Some((t, q)) = token {
+            out.push_str(q);
+            rest = &rest[t.len()..];
+            continue;
+        }
+        if c == '"' {
+            in_str = true;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 impl Checkpoint {
@@ -72,21 +134,33 @@ impl Checkpoint {
         //    declared dtype and shape.
         for e in &shards.entries {
             if plan.get(&e.name).is_none() {
-                return Err(LoadError::UnexpectedTensor { tensor: e.name.clone(), file: shards.shards[e.shard].path.clone() });
+                return Err(LoadError::UnexpectedTensor {
+                    tensor: e.name.clone(),
+                    file: shards.shards[e.shard].path.clone(),
+                });
             }
         }
         for s in &plan.specs {
             match shards.get(&s.name) {
                 None if s.optional => {}
-                None => return Err(LoadError::MissingTensor { tensor: s.name.clone(), what: s.what.clone() }),
+                None => {
+                    return Err(LoadError::MissingTensor {
+                        tensor: s.name.clone(),
+                        what: s.what.clone(),
+                    })
+                }
                 Some(e) => check_entry(&shards, e, s)?,
             }
         }
         check_kv_pairs(&plan, &shards)?;
 
         // 2. Materialize, shard by shard in file order, releasing mapped pages as we go.
-        let mut order: Vec<(&Entry, &Spec)> =
-            shards.entries.iter().map(|e| (e, plan.get(&e.name).expect("checked"))).filter(|(_, s)| !s.deferred).collect();
+        let mut order: Vec<(&Entry, &Spec)> = shards
+            .entries
+            .iter()
+            .map(|e| (e, plan.get(&e.name).expect("checked")))
+            .filter(|(_, s)| !s.deferred)
+            .collect();
         order.sort_by_key(|(e, _)| (e.shard, e.start));
         let mut progress = LoadProgress {
             tensors_done: 0,
@@ -99,7 +173,12 @@ impl Checkpoint {
         for (e, s) in order {
             let t = materialize(&shards, e, s)?;
             shards.release(e);
-            report.count_materialized(s, e.dtype.clone().expect("checked"), (e.end - e.start) as u64, t.bytes.len() as u64);
+            report.count_materialized(
+                s,
+                e.dtype.clone().expect("checked"),
+                (e.end - e.start) as u64,
+                t.bytes.len() as u64,
+            );
             held.insert(t.name.clone(), t);
             progress.tensors_done += 1;
             progress.bytes_done += (e.end - e.start) as u64;
@@ -110,49 +189,102 @@ impl Checkpoint {
         for e in &shards.entries {
             let s = plan.get(&e.name).expect("checked");
             if s.deferred {
-                let prefix = DEFERRED_PREFIXES.iter().find(|p| e.name.starts_with(**p)).copied().unwrap_or("other");
+                let prefix = DEFERRED_PREFIXES
+                    .iter()
+                    .find(|p| e.name.starts_with(**p))
+                    .copied()
+                    .unwrap_or("other");
                 report.count_deferred(prefix, (e.end - e.start) as u64);
             }
         }
         for l in plan.linears.iter().filter(|l| !l.deferred) {
             report.count_projection(l.form);
         }
-        report.unmatched_recipe_entries = recipe.unmatched_entries(plan.linears.iter().map(|l| l.module.as_str()));
+        report.unmatched_recipe_entries =
+            recipe.unmatched_entries(plan.linears.iter().map(|l| l.module.as_str()));
         report.finish();
 
         // 3. Assemble the typed weights.
         let weights = assemble(&config, &plan, &mut held)?;
-        debug_assert!(held.is_empty(), "unassembled tensors: {:?}", held.keys().collect::<Vec<_>>());
+        debug_assert!(
+            held.is_empty(),
+            "unassembled tensors: {:?}",
+            held.keys().collect::<Vec<_>>()
+        );
         drop(shards);
-        Ok(Checkpoint { dir: dir.to_path_buf(), config, recipe, weights, report })
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            recipe,
+            weights,
+            report,
+        })
     }
 }
 
 fn check_entry(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<()> {
     let file = || shards.shards[e.shard].path.clone();
-    let allowed = || s.allowed.iter().map(|d| d.name()).collect::<Vec<_>>().join(" or ");
+    let allowed = || {
+        s.allowed
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
     match &e.dtype {
         Ok(d) if s.allowed.contains(d) => {}
         Ok(d) => {
-            return Err(LoadError::Dtype { tensor: e.name.clone(), file: file(), found: d.name().into(), expected: allowed(), what: s.what.clone() })
+            return Err(LoadError::Dtype {
+                tensor: e.name.clone(),
+                file: file(),
+                found: d.name().into(),
+                expected: allowed(),
+                what: s.what.clone(),
+            })
         }
         Err(d) => {
-            return Err(LoadError::Dtype { tensor: e.name.clone(), file: file(), found: d.clone(), expected: allowed(), what: s.what.clone() })
+            return Err(LoadError::Dtype {
+                tensor: e.name.clone(),
+                file: file(),
+                found: d.clone(),
+                expected: allowed(),
+                what: s.what.clone(),
+            })
         }
     }
     if !s.shape_matches(&e.shape) {
-        return Err(LoadError::Shape { tensor: e.name.clone(), file: file(), found: e.shape.clone(), expected: s.shape.clone(), what: s.what.clone() });
+        return Err(LoadError::Shape {
+            tensor: e.name.clone(),
+            file: file(),
+            found: e.shape.clone(),
+            expected: s.shape.clone(),
+            what: s.what.clone(),
+        });
     }
     Ok(())
 }
 
 /// A KV cache scale without its partner would leave one of K/V unscaled.
 fn check_kv_pairs(plan: &Plan, shards: &ShardSet) -> Result<()> {
-    for s in plan.specs.iter().filter(|s| s.role == Role::KvScale && s.name.ends_with(".k_scale")) {
+    for s in plan
+        .specs
+        .iter()
+        .filter(|s| s.role == Role::KvScale && s.name.ends_with(".k_scale"))
+    {
         let v = s.name.replace("k_proj.k_scale", "v_proj.v_scale");
         match (shards.get(&s.name).is_some(), shards.get(&v).is_some()) {
-            (true, false) => return Err(LoadError::MissingTensor { tensor: v, what: format!("{} (its k_scale ships)", s.what) }),
-            (false, true) => return Err(LoadError::MissingTensor { tensor: s.name.clone(), what: format!("{} (its v_scale ships)", s.what) }),
+            (true, false) => {
+                return Err(LoadError::MissingTensor {
+                    tensor: v,
+                    what: format!("{} (its k_scale ships)", s.what),
+                })
+            }
+            (false, true) => {
+                return Err(LoadError::MissingTensor {
+                    tensor: s.name.clone(),
+                    what: format!("{} (its v_scale ships)", s.what),
+                })
+            }
             _ => {}
         }
     }
@@ -164,7 +296,11 @@ fn check_kv_pairs(plan: &Plan, shards: &ShardSet) -> Result<()> {
 fn materialize(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<HostTensor> {
     let src = shards.bytes(e);
     let dtype = e.dtype.clone().expect("checked");
-    let bad = |reason: String| LoadError::BadValue { tensor: e.name.clone(), file: shards.shards[e.shard].path.clone(), reason };
+    let bad = |reason: String| LoadError::BadValue {
+        tensor: e.name.clone(),
+        file: shards.shards[e.shard].path.clone(),
+        reason,
+    };
     let (dtype, bytes) = match s.role {
         Role::Widened if dtype != DType::F32 => {
             let n: usize = e.shape.iter().product();
@@ -179,16 +315,26 @@ fn materialize(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<HostTensor> {
             }
             (DType::F32, out)
         }
-        Role::Nvfp4GlobalScale | Role::Nvfp4InputScale | Role::Fp8WeightScale | Role::Fp8InputScale | Role::KvScale => {
+        Role::Nvfp4GlobalScale
+        | Role::Nvfp4InputScale
+        | Role::Fp8WeightScale
+        | Role::Fp8InputScale
+        | Role::KvScale => {
             let v = formats::f32_at(src, 0);
             if !(v.is_finite() && v > 0.0) {
-                return Err(bad(format!("scale is {v}; the scales of {} must be finite and > 0", s.what)));
+                return Err(bad(format!(
+                    "scale is {v}; the scales of {} must be finite and > 0",
+                    s.what
+                )));
             }
             (dtype, src.to_vec())
         }
         Role::Nvfp4BlockScale => {
             let cols = e.shape[1];
-            if let Some(i) = src.iter().position(|&b| formats::e4m3_is_nan(b) || (b & 0x80 != 0 && b != 0x80)) {
+            if let Some(i) = src
+                .iter()
+                .position(|&b| formats::e4m3_is_nan(b) || (b & 0x80 != 0 && b != 0x80))
+            {
                 return Err(bad(format!(
                     "block scale at row {}, block {} is {:#04x} ({}); block scales must be finite and non-negative",
                     i / cols,
@@ -202,13 +348,23 @@ fn materialize(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<HostTensor> {
         Role::Fp8Weight => {
             if let Some(i) = src.iter().position(|&b| formats::e4m3_is_nan(b)) {
                 let cols = e.shape[1];
-                return Err(bad(format!("FP8 weight at row {}, column {} is NaN ({:#04x})", i / cols, i % cols, src[i])));
+                return Err(bad(format!(
+                    "FP8 weight at row {}, column {} is NaN ({:#04x})",
+                    i / cols,
+                    i % cols,
+                    src[i]
+                )));
             }
             (dtype, src.to_vec())
         }
         _ => (dtype, src.to_vec()),
     };
-    Ok(HostTensor { name: e.name.clone(), dtype, shape: e.shape.clone(), bytes })
+    Ok(HostTensor {
+        name: e.name.clone(),
+        dtype,
+        shape: e.shape.clone(),
+        bytes,
+    })
 }
 
 struct Take<'a> {
@@ -218,10 +374,15 @@ struct Take<'a> {
 
 impl Take<'_> {
     fn tensor(&mut self, name: &str) -> Result<HostTensor> {
-        self.held.remove(name).ok_or_else(|| LoadError::MissingTensor {
-            tensor: name.into(),
-            what: self.plan.get(name).map_or("the model".into(), |s| s.what.clone()),
-        })
+        self.held
+            .remove(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                tensor: name.into(),
+                what: self
+                    .plan
+                    .get(name)
+                    .map_or("the model".into(), |s| s.what.clone()),
+            })
     }
 
     fn opt(&mut self, name: &str) -> Option<HostTensor> {
@@ -237,7 +398,10 @@ impl Take<'_> {
     }
 
     fn linear(&mut self, module: &str) -> Result<LinearWeight> {
-        let l = self.plan.linear(module).unwrap_or_else(|| panic!("plan has linear {module}"));
+        let l = self
+            .plan
+            .linear(module)
+            .unwrap_or_else(|| panic!("plan has linear {module}"));
         let (out_features, in_features) = (l.out_features, l.in_features);
         Ok(match l.form {
             WeightForm::Dense => LinearWeight::Dense(self.tensor(&format!("{module}.weight"))?),
@@ -247,7 +411,9 @@ impl Take<'_> {
                 packed: self.tensor(&format!("{module}.weight"))?,
                 block_scales: self.tensor(&format!("{module}.weight_scale"))?,
                 weight_scale_2: self.scalar(&format!("{module}.weight_scale_2"))?,
-                input_scale: self.opt(&format!("{module}.input_scale")).map(|t| formats::f32_at(&t.bytes, 0)),
+                input_scale: self
+                    .opt(&format!("{module}.input_scale"))
+                    .map(|t| formats::f32_at(&t.bytes, 0)),
                 activations,
             }),
             WeightForm::Fp8 => LinearWeight::Fp8(Fp8Weight {
@@ -261,7 +427,11 @@ impl Take<'_> {
     }
 }
 
-fn assemble(cfg: &NemotronHConfig, plan: &Plan, held: &mut HashMap<String, HostTensor>) -> Result<ModelWeights> {
+fn assemble(
+    cfg: &NemotronHConfig,
+    plan: &Plan,
+    held: &mut HashMap<String, HostTensor>,
+) -> Result<ModelWeights> {
     let mut t = Take { held, plan };
     let embeddings = t.tensor("backbone.embeddings.weight")?;
     let norm_f = t.tensor("backbone.norm_f.weight")?;
@@ -301,15 +471,24 @@ fn assemble(cfg: &NemotronHConfig, plan: &Plan, held: &mut HashMap<String, HostT
                 } else {
                     None
                 };
-                MixerWeights::Moe(MoeWeights { router, correction_bias, experts, shared })
+                MixerWeights::Moe(MoeWeights {
+                    router,
+                    correction_bias,
+                    experts,
+                    shared,
+                })
             }
             LayerKind::Attention => MixerWeights::Attention(AttentionWeights {
                 q: t.linear(&format!("{m}.q_proj"))?,
                 k: t.linear(&format!("{m}.k_proj"))?,
                 v: t.linear(&format!("{m}.v_proj"))?,
                 o: t.linear(&format!("{m}.o_proj"))?,
-                k_scale: t.opt(&format!("{m}.k_proj.k_scale")).map(|x| formats::f32_at(&x.bytes, 0)),
-                v_scale: t.opt(&format!("{m}.v_proj.v_scale")).map(|x| formats::f32_at(&x.bytes, 0)),
+                k_scale: t
+                    .opt(&format!("{m}.k_proj.k_scale"))
+                    .map(|x| formats::f32_at(&x.bytes, 0)),
+                v_scale: t
+                    .opt(&format!("{m}.v_proj.v_scale"))
+                    .map(|x| formats::f32_at(&x.bytes, 0)),
             }),
             LayerKind::Mlp => MixerWeights::Mlp(MlpWeights {
                 up: t.linear(&format!("{m}.up_proj"))?,
@@ -318,6 +497,15 @@ fn assemble(cfg: &NemotronHConfig, plan: &Plan, held: &mut HashMap<String, HostT
         };
         layers.push(LayerWeights { norm, mixer });
     }
-    let lm_head = if cfg.tie_word_embeddings { None } else { Some(t.linear("lm_head")?) };
-    Ok(ModelWeights { embeddings, norm_f, lm_head, layers })
+    let lm_head = if cfg.tie_word_embeddings {
+        None
+    } else {
+        Some(t.linear("lm_head")?)
+    };
+    Ok(ModelWeights {
+        embeddings,
+        norm_f,
+        lm_head,
+        layers,
+    })
 }

@@ -103,13 +103,27 @@ pub struct PlanCounts {
 
 impl Plan {
     pub fn new(cfg: &NemotronHConfig, recipe: &QuantRecipe) -> Result<Self> {
-        let mut b = Builder { cfg, recipe, specs: vec![], linears: vec![], deferred: false };
+        let mut b = Builder {
+            cfg,
+            recipe,
+            specs: vec![],
+            linears: vec![],
+            deferred: false,
+        };
         let h = cfg.hidden_size;
-        b.dense("backbone.embeddings.weight", vec![cfg.vocab_size, h], "the embeddings");
+        b.dense(
+            "backbone.embeddings.weight",
+            vec![cfg.vocab_size, h],
+            "the embeddings",
+        );
         b.dense("backbone.norm_f.weight", vec![h], "the final norm");
         for (l, kind) in cfg.layers.iter().enumerate() {
             let p = format!("backbone.layers.{l}");
-            b.dense(&format!("{p}.norm.weight"), vec![h], &format!("layer {l} norm"));
+            b.dense(
+                &format!("{p}.norm.weight"),
+                vec![h],
+                &format!("layer {l} norm"),
+            );
             b.mixer(&p, *kind, &format!("layer {l}"))?;
         }
         if !cfg.tie_word_embeddings {
@@ -131,9 +145,24 @@ impl Plan {
                 b.dense(&format!("{p}.final_layernorm.weight"), vec![h], &what);
             }
         }
-        let by_name = b.specs.iter().enumerate().map(|(i, s)| (s.name.clone(), i)).collect();
-        let linear_by_module = b.linears.iter().enumerate().map(|(i, l)| (l.module.clone(), i)).collect();
-        Ok(Plan { specs: b.specs, linears: b.linears, by_name, linear_by_module })
+        let by_name = b
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
+        let linear_by_module = b
+            .linears
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.module.clone(), i))
+            .collect();
+        Ok(Plan {
+            specs: b.specs,
+            linears: b.linears,
+            by_name,
+            linear_by_module,
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&Spec> {
@@ -157,13 +186,16 @@ impl Plan {
             }
             c.materialized += 1;
             match s.role {
-                Role::Nvfp4Weight | Role::Nvfp4BlockScale | Role::Nvfp4GlobalScale | Role::Nvfp4InputScale => {
-                    c.nvfp4_tensors += 1
-                }
+                Role::Nvfp4Weight
+                | Role::Nvfp4BlockScale
+                | Role::Nvfp4GlobalScale
+                | Role::Nvfp4InputScale => c.nvfp4_tensors += 1,
                 Role::Fp8Weight | Role::Fp8WeightScale | Role::Fp8InputScale => c.fp8_tensors += 1,
                 Role::KvScale => c.kv_scales += 1,
                 Role::Dense | Role::Widened => {
-                    *c.dense_tensors.entry(s.write_dtype.name().to_string()).or_default() += 1;
+                    *c.dense_tensors
+                        .entry(s.write_dtype.name().to_string())
+                        .or_default() += 1;
                     if s.role == Role::Widened && s.write_dtype != DType::F32 {
                         c.widened += 1;
                     }
@@ -190,7 +222,15 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn push(&mut self, name: String, shape: Vec<usize>, allowed: &'static [DType], write: DType, role: Role, what: &str) {
+    fn push(
+        &mut self,
+        name: String,
+        shape: Vec<usize>,
+        allowed: &'static [DType],
+        write: DType,
+        role: Role,
+        what: &str,
+    ) {
         self.specs.push(Spec {
             name,
             shape,
@@ -212,21 +252,41 @@ impl Builder<'_> {
         let form = self.recipe.resolve(module);
         let idx = self.linears.len();
         let leaf = module.rsplit('.').next().unwrap_or(module);
-        let what = if what == leaf { format!("{what} ({})", form.name()) } else { format!("{what} {leaf} ({})", form.name()) };
+        let what = if what == leaf {
+            format!("{what} ({})", form.name())
+        } else {
+            format!("{what} {leaf} ({})", form.name())
+        };
         let first = self.specs.len();
         match form {
             WeightForm::Dense => {
-                self.push(format!("{module}.weight"), vec![out, inp], FLOATS, DType::BF16, Role::Dense, &what);
+                self.push(
+                    format!("{module}.weight"),
+                    vec![out, inp],
+                    FLOATS,
+                    DType::BF16,
+                    Role::Dense,
+                    &what,
+                );
             }
             WeightForm::Nvfp4(act) => {
                 if inp % NVFP4_BLOCK != 0 {
                     return Err(LoadError::Quant {
                         file: self.recipe.source.clone(),
                         field: module.into(),
-                        reason: format!("NVFP4 needs in_features divisible by 16, this linear has {inp}"),
+                        reason: format!(
+                            "NVFP4 needs in_features divisible by 16, this linear has {inp}"
+                        ),
                     });
                 }
-                self.push(format!("{module}.weight"), vec![out, inp / 2], U8_ONLY, DType::U8, Role::Nvfp4Weight, &what);
+                self.push(
+                    format!("{module}.weight"),
+                    vec![out, inp / 2],
+                    U8_ONLY,
+                    DType::U8,
+                    Role::Nvfp4Weight,
+                    &what,
+                );
                 self.push(
                     format!("{module}.weight_scale"),
                     vec![out, inp / NVFP4_BLOCK],
@@ -235,15 +295,50 @@ impl Builder<'_> {
                     Role::Nvfp4BlockScale,
                     &what,
                 );
-                self.push(format!("{module}.weight_scale_2"), vec![], F32_ONLY, DType::F32, Role::Nvfp4GlobalScale, &what);
-                self.push(format!("{module}.input_scale"), vec![], F32_ONLY, DType::F32, Role::Nvfp4InputScale, &what);
+                self.push(
+                    format!("{module}.weight_scale_2"),
+                    vec![],
+                    F32_ONLY,
+                    DType::F32,
+                    Role::Nvfp4GlobalScale,
+                    &what,
+                );
+                self.push(
+                    format!("{module}.input_scale"),
+                    vec![],
+                    F32_ONLY,
+                    DType::F32,
+                    Role::Nvfp4InputScale,
+                    &what,
+                );
                 // W4A16 ships no input_scale; W4A4 must.
                 self.specs.last_mut().unwrap().optional = act == Nvfp4Activations::W4A16;
             }
             WeightForm::Fp8 => {
-                self.push(format!("{module}.weight"), vec![out, inp], E4M3_ONLY, DType::F8E4M3, Role::Fp8Weight, &what);
-                self.push(format!("{module}.weight_scale"), vec![], F32_ONLY, DType::F32, Role::Fp8WeightScale, &what);
-                self.push(format!("{module}.input_scale"), vec![], F32_ONLY, DType::F32, Role::Fp8InputScale, &what);
+                self.push(
+                    format!("{module}.weight"),
+                    vec![out, inp],
+                    E4M3_ONLY,
+                    DType::F8E4M3,
+                    Role::Fp8Weight,
+                    &what,
+                );
+                self.push(
+                    format!("{module}.weight_scale"),
+                    vec![],
+                    F32_ONLY,
+                    DType::F32,
+                    Role::Fp8WeightScale,
+                    &what,
+                );
+                self.push(
+                    format!("{module}.input_scale"),
+                    vec![],
+                    F32_ONLY,
+                    DType::F32,
+                    Role::Fp8InputScale,
+                    &what,
+                );
             }
         }
         for s in &mut self.specs[first..] {
@@ -268,12 +363,23 @@ impl Builder<'_> {
                 let c = cfg.mamba.as_ref().expect("validated: Mamba config present");
                 let what = format!("{what} Mamba2");
                 self.linear(&format!("{m}.in_proj"), c.in_proj_dim(), h, &what)?;
-                self.dense(&format!("{m}.conv1d.weight"), vec![c.conv_dim(), 1, c.conv_kernel], &what);
+                self.dense(
+                    &format!("{m}.conv1d.weight"),
+                    vec![c.conv_dim(), 1, c.conv_kernel],
+                    &what,
+                );
                 if c.conv_bias {
                     self.dense(&format!("{m}.conv1d.bias"), vec![c.conv_dim()], &what);
                 }
                 for t in ["A_log", "D", "dt_bias"] {
-                    self.push(format!("{m}.{t}"), vec![c.num_heads], FLOATS, DType::BF16, Role::Widened, &what);
+                    self.push(
+                        format!("{m}.{t}"),
+                        vec![c.num_heads],
+                        FLOATS,
+                        DType::BF16,
+                        Role::Widened,
+                        &what,
+                    );
                 }
                 self.dense(&format!("{m}.norm.weight"), vec![c.inner()], &what);
                 self.linear(&format!("{m}.out_proj"), h, c.inner(), &what)?;
@@ -282,21 +388,58 @@ impl Builder<'_> {
                 let c = cfg.moe.as_ref().expect("validated: MoE config present");
                 let what = format!("{what} MoE");
                 let e = c.n_routed_experts;
-                self.push(format!("{m}.gate.weight"), vec![e, h], FLOATS, DType::F32, Role::Dense, &what);
-                self.push(format!("{m}.gate.e_score_correction_bias"), vec![e], FLOATS, DType::F32, Role::Dense, &what);
+                self.push(
+                    format!("{m}.gate.weight"),
+                    vec![e, h],
+                    FLOATS,
+                    DType::F32,
+                    Role::Dense,
+                    &what,
+                );
+                self.push(
+                    format!("{m}.gate.e_score_correction_bias"),
+                    vec![e],
+                    FLOATS,
+                    DType::F32,
+                    Role::Dense,
+                    &what,
+                );
                 for x in 0..e {
                     let ew = format!("{what} expert {x}");
-                    self.linear(&format!("{m}.experts.{x}.up_proj"), c.intermediate_size, h, &ew)?;
-                    self.linear(&format!("{m}.experts.{x}.down_proj"), h, c.intermediate_size, &ew)?;
+                    self.linear(
+                        &format!("{m}.experts.{x}.up_proj"),
+                        c.intermediate_size,
+                        h,
+                        &ew,
+                    )?;
+                    self.linear(
+                        &format!("{m}.experts.{x}.down_proj"),
+                        h,
+                        c.intermediate_size,
+                        &ew,
+                    )?;
                 }
                 if c.n_shared_experts > 0 {
                     let sw = format!("{what} shared expert");
-                    self.linear(&format!("{m}.shared_experts.up_proj"), c.shared_intermediate_size, h, &sw)?;
-                    self.linear(&format!("{m}.shared_experts.down_proj"), h, c.shared_intermediate_size, &sw)?;
+                    self.linear(
+                        &format!("{m}.shared_experts.up_proj"),
+                        c.shared_intermediate_size,
+                        h,
+                        &sw,
+                    )?;
+                    self.linear(
+                        &format!("{m}.shared_experts.down_proj"),
+                        h,
+                        c.shared_intermediate_size,
+                        &sw,
+                    )?;
                 }
             }
             LayerKind::Attention => {
-                let c = cfg.attention.as_ref().expect("validated: attention config present");
+                let c = cfg
+                    .attention
+                    .as_ref()
+                    .expect("validated: attention config present");
                 let what = format!("{what} attention");
                 let q = c.num_heads * c.head_dim;
                 let kv = c.num_kv_heads * c.head_dim;
@@ -306,7 +449,14 @@ impl Builder<'_> {
                 self.linear(&format!("{m}.o_proj"), h, q, &what)?;
                 if self.recipe.kv_cache_fp8 {
                     for (proj, s) in [("k_proj", "k_scale"), ("v_proj", "v_scale")] {
-                        self.push(format!("{m}.{proj}.{s}"), vec![], F32_ONLY, DType::F32, Role::KvScale, &format!("{what} FP8 KV cache"));
+                        self.push(
+                            format!("{m}.{proj}.{s}"),
+                            vec![],
+                            F32_ONLY,
+                            DType::F32,
+                            Role::KvScale,
+                            &format!("{what} FP8 KV cache"),
+                        );
                         self.specs.last_mut().unwrap().optional = true;
                     }
                 }

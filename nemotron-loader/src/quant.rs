@@ -85,7 +85,10 @@ impl QuantRecipe {
     /// Reads the recipe from `config.json`'s `quantization_config` and/or the content of
     /// `hf_quant_config.json`.
     pub fn from_sources(config_json: &Value, hf_quant_config: Option<&Value>) -> Result<Self> {
-        let from_config = match config_json.get("quantization_config").filter(|v| !v.is_null()) {
+        let from_config = match config_json
+            .get("quantization_config")
+            .filter(|v| !v.is_null())
+        {
             Some(q) => Some(parse_config_json_form(q)?),
             None => None,
         };
@@ -117,7 +120,11 @@ impl QuantRecipe {
                         exclude.push(e);
                     }
                 }
-                Ok(QuantRecipe { exclude, source: "config.json quantization_config + hf_quant_config.json".into(), ..c })
+                Ok(QuantRecipe {
+                    exclude,
+                    source: "config.json quantization_config + hf_quant_config.json".into(),
+                    ..c
+                })
             }
         }
     }
@@ -128,7 +135,9 @@ impl QuantRecipe {
         self.exclude.iter().any(|p| {
             p == module
                 || module.contains(p.as_str())
-                || glob::Pattern::new(p).map(|g| g.matches(module)).unwrap_or(false)
+                || glob::Pattern::new(p)
+                    .map(|g| g.matches(module))
+                    .unwrap_or(false)
         })
     }
 
@@ -157,31 +166,48 @@ impl QuantRecipe {
 
     /// Entries of a MIXED_PRECISION map that name no linear among `modules`.
     pub fn unmatched_entries<'a>(&self, modules: impl Iterator<Item = &'a str>) -> Vec<String> {
-        let RecipeKind::Mixed(map) = &self.kind else { return vec![] };
+        let RecipeKind::Mixed(map) = &self.kind else {
+            return vec![];
+        };
         let mut hit: std::collections::BTreeSet<&str> = Default::default();
         let mods: Vec<&str> = modules.collect();
         for k in map.keys() {
-            let covered = mods.iter().any(|m| *m == k || (m.starts_with(k.as_str()) && m.as_bytes().get(k.len()) == Some(&b'.')));
+            let covered = mods.iter().any(|m| {
+                *m == k || (m.starts_with(k.as_str()) && m.as_bytes().get(k.len()) == Some(&b'.'))
+            });
             if covered {
                 hit.insert(k);
             }
         }
-        map.keys().filter(|k| !hit.contains(k.as_str())).cloned().collect()
+        map.keys()
+            .filter(|k| !hit.contains(k.as_str()))
+            .cloned()
+            .collect()
     }
 }
 
 fn qerr(file: &str, field: impl Into<String>, reason: impl Into<String>) -> LoadError {
-    LoadError::Quant { file: file.into(), field: field.into(), reason: reason.into() }
+    LoadError::Quant {
+        file: file.into(),
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 const CONFIG: &str = "config.json quantization_config";
 const HFQ: &str = "hf_quant_config.json";
 
 fn parse_config_json_form(q: &Value) -> Result<QuantRecipe> {
-    let m = q.as_object().ok_or_else(|| qerr(CONFIG, "quantization_config", "expected an object"))?;
+    let m = q
+        .as_object()
+        .ok_or_else(|| qerr(CONFIG, "quantization_config", "expected an object"))?;
     if let Some(method) = m.get("quant_method").and_then(Value::as_str) {
         if !method.eq_ignore_ascii_case("modelopt") {
-            return Err(qerr(CONFIG, "quant_method", format!("{method:?} is not supported (only ModelOpt checkpoints: \"modelopt\")")));
+            return Err(qerr(
+                CONFIG,
+                "quant_method",
+                format!("{method:?} is not supported (only ModelOpt checkpoints: \"modelopt\")"),
+            ));
         }
     }
     // ModelOpt sometimes nests the legacy form inside config.json too.
@@ -195,33 +221,58 @@ fn parse_config_json_form(q: &Value) -> Result<QuantRecipe> {
         if bits == Some(8) && ty == Some("float") {
             r.kv_cache_fp8 = true;
         } else {
-            return Err(qerr(CONFIG, "kv_cache_scheme", format!("{s} is not supported (only 8-bit float)")));
+            return Err(qerr(
+                CONFIG,
+                "kv_cache_scheme",
+                format!("{s} is not supported (only 8-bit float)"),
+            ));
         }
     }
     Ok(r)
 }
 
 fn parse_hf_quant_form(h: &Value) -> Result<QuantRecipe> {
-    let m = h.as_object().ok_or_else(|| qerr(HFQ, "<root>", "expected an object"))?;
-    let inner = m.get("quantization").ok_or_else(|| qerr(HFQ, "quantization", "missing"))?;
+    let m = h
+        .as_object()
+        .ok_or_else(|| qerr(HFQ, "<root>", "expected an object"))?;
+    let inner = m
+        .get("quantization")
+        .ok_or_else(|| qerr(HFQ, "quantization", "missing"))?;
     let mut r = parse_inner(HFQ, inner, "exclude_modules", m.get("producer"))?;
     r.source = HFQ.into();
     Ok(r)
 }
 
-fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value>) -> Result<QuantRecipe> {
-    let m: &Map<String, Value> = q.as_object().ok_or_else(|| qerr(file, "quantization", "expected an object"))?;
+fn parse_inner(
+    file: &str,
+    q: &Value,
+    exclude_key: &str,
+    producer: Option<&Value>,
+) -> Result<QuantRecipe> {
+    let m: &Map<String, Value> = q
+        .as_object()
+        .ok_or_else(|| qerr(file, "quantization", "expected an object"))?;
     let algo = m
         .get("quant_algo")
         .and_then(Value::as_str)
         .ok_or_else(|| qerr(file, "quant_algo", "missing"))?
         .to_ascii_uppercase();
 
-    let exclude_raw = match m.get(exclude_key).or_else(|| m.get(if exclude_key == "ignore" { "exclude_modules" } else { "ignore" })) {
+    let exclude_raw = match m.get(exclude_key).or_else(|| {
+        m.get(if exclude_key == "ignore" {
+            "exclude_modules"
+        } else {
+            "ignore"
+        })
+    }) {
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| x.as_str().map(str::to_owned).ok_or_else(|| qerr(file, exclude_key, "expected a list of strings")))
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| qerr(file, exclude_key, "expected a list of strings"))
+            })
             .collect::<Result<Vec<_>>>()?,
         Some(_) => return Err(qerr(file, exclude_key, "expected a list of strings")),
     };
@@ -239,7 +290,13 @@ fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value
     let kv_cache_fp8 = match m.get("kv_cache_quant_algo") {
         None | Some(Value::Null) => false,
         Some(Value::String(s)) if s.eq_ignore_ascii_case("FP8") => true,
-        Some(v) => return Err(qerr(file, "kv_cache_quant_algo", format!("{v} is not supported (only \"FP8\" or null)"))),
+        Some(v) => {
+            return Err(qerr(
+                file,
+                "kv_cache_quant_algo",
+                format!("{v} is not supported (only \"FP8\" or null)"),
+            ))
+        }
     };
 
     let top_group = m.get("group_size").filter(|v| !v.is_null());
@@ -247,18 +304,37 @@ fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value
         let layers = m
             .get("quantized_layers")
             .and_then(Value::as_object)
-            .ok_or_else(|| qerr(file, "quantized_layers", "missing (MIXED_PRECISION needs the per-module map)"))?;
+            .ok_or_else(|| {
+                qerr(
+                    file,
+                    "quantized_layers",
+                    "missing (MIXED_PRECISION needs the per-module map)",
+                )
+            })?;
         let mut map = BTreeMap::new();
         for (module, entry) in layers {
             let a = entry
                 .get("quant_algo")
                 .and_then(Value::as_str)
-                .ok_or_else(|| qerr(file, format!("quantized_layers.{module}.quant_algo"), "missing"))?
+                .ok_or_else(|| {
+                    qerr(
+                        file,
+                        format!("quantized_layers.{module}.quant_algo"),
+                        "missing",
+                    )
+                })?
                 .to_ascii_uppercase();
             let field = format!("quantized_layers.{module}");
             let form = algo_form(file, &field, &a)?;
             if matches!(form, WeightForm::Nvfp4(_)) {
-                check_group(file, &format!("{field}.group_size"), entry.get("group_size").filter(|v| !v.is_null()).or(top_group))?;
+                check_group(
+                    file,
+                    &format!("{field}.group_size"),
+                    entry
+                        .get("group_size")
+                        .filter(|v| !v.is_null())
+                        .or(top_group),
+                )?;
             }
             map.insert(module.clone(), form);
         }
@@ -266,7 +342,9 @@ fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value
     } else {
         let form = algo_form(file, "quant_algo", &algo)?;
         if matches!(form, WeightForm::Nvfp4(_)) {
-            let g = top_group.ok_or_else(|| qerr(file, "group_size", format!("missing (required for {algo})")))?;
+            let g = top_group.ok_or_else(|| {
+                qerr(file, "group_size", format!("missing (required for {algo})"))
+            })?;
             check_group(file, "group_size", Some(g))?;
         }
         RecipeKind::Single(form)
@@ -277,7 +355,13 @@ fn parse_inner(file: &str, q: &Value, exclude_key: &str, producer: Option<&Value
         let v = p.get("version").and_then(Value::as_str).unwrap_or("?");
         format!("{n} {v}")
     });
-    Ok(QuantRecipe { kind, exclude, kv_cache_fp8, source: file.into(), producer })
+    Ok(QuantRecipe {
+        kind,
+        exclude,
+        kv_cache_fp8,
+        source: file.into(),
+        producer,
+    })
 }
 
 fn algo_form(file: &str, field: &str, algo: &str) -> Result<WeightForm> {
@@ -285,7 +369,14 @@ fn algo_form(file: &str, field: &str, algo: &str) -> Result<WeightForm> {
         "NVFP4" => WeightForm::Nvfp4(Nvfp4Activations::W4A4),
         "W4A16_NVFP4" => WeightForm::Nvfp4(Nvfp4Activations::W4A16),
         "FP8" => WeightForm::Fp8,
-        "FP8_PER_CHANNEL_PER_TOKEN" | "FP8_PB_WO" | "MXFP8" | "W4A8_AWQ" | "W4A16_AWQ" | "W8A8_SQ" | "NVFP4_AWQ" | "W4A8_NVFP4_FP8" => {
+        "FP8_PER_CHANNEL_PER_TOKEN"
+        | "FP8_PB_WO"
+        | "MXFP8"
+        | "W4A8_AWQ"
+        | "W4A16_AWQ"
+        | "W8A8_SQ"
+        | "NVFP4_AWQ"
+        | "W4A8_NVFP4_FP8" => {
             return Err(qerr(file, field, format!("quant_algo {algo} is a known ModelOpt algorithm that this loader does not support yet")));
         }
         "MIXED_PRECISION" => return Err(qerr(file, field, "MIXED_PRECISION cannot be nested")),
@@ -298,7 +389,11 @@ fn check_group(file: &str, field: &str, g: Option<&Value>) -> Result<()> {
         None => Ok(()), // vLLM's default for NVFP4 entries is 16
         Some(v) => match v.as_u64() {
             Some(SUPPORTED_GROUP_SIZE) => Ok(()),
-            _ => Err(qerr(file, field, format!("{v} is not supported (NVFP4 blocks are 16 elements)"))),
+            _ => Err(qerr(
+                file,
+                field,
+                format!("{v} is not supported (NVFP4 blocks are 16 elements)"),
+            )),
         },
     }
 }
@@ -315,9 +410,18 @@ mod tests {
             "exclude_modules": ["lm_head", "backbone.layers.4.mixer.in_proj", "*conv1d*", "mtp*"]}});
         let r = QuantRecipe::from_sources(&json!({}), Some(&h)).unwrap();
         assert_eq!(r.resolve("lm_head"), WeightForm::Dense);
-        assert_eq!(r.resolve("backbone.layers.4.mixer.in_proj"), WeightForm::Dense);
-        assert_eq!(r.resolve("backbone.layers.4.mixer.out_proj"), WeightForm::Nvfp4(Nvfp4Activations::W4A4));
-        assert_eq!(r.resolve("backbone.layers.7.mixer.conv1d"), WeightForm::Dense);
+        assert_eq!(
+            r.resolve("backbone.layers.4.mixer.in_proj"),
+            WeightForm::Dense
+        );
+        assert_eq!(
+            r.resolve("backbone.layers.4.mixer.out_proj"),
+            WeightForm::Nvfp4(Nvfp4Activations::W4A4)
+        );
+        assert_eq!(
+            r.resolve("backbone.layers.7.mixer.conv1d"),
+            WeightForm::Dense
+        );
         assert_eq!(r.resolve("mtp.layers.0.eh_proj"), WeightForm::Dense);
         assert_eq!(r.resolve("mtp"), WeightForm::Dense);
         // `mtp*` expands to `mtp` and `mtp.*`; `mtp_head` is not below it (but substring "mtp" matches it,
@@ -335,25 +439,57 @@ mod tests {
                 "backbone.layers.1.mixer.experts": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
                 "lm_head": {"quant_algo": "W4A16_NVFP4", "group_size": 16}}}});
         let r = QuantRecipe::from_sources(&c, None).unwrap();
-        assert_eq!(r.resolve("backbone.layers.0.mixer.in_proj"), WeightForm::Fp8);
-        assert_eq!(r.resolve("backbone.layers.0.mixer.out_proj"), WeightForm::Dense);
-        assert_eq!(r.resolve("backbone.layers.1.mixer.experts.7.up_proj"), WeightForm::Nvfp4(Nvfp4Activations::W4A16));
-        assert_eq!(r.resolve("backbone.layers.1.mixer.experts_x.up_proj"), WeightForm::Dense);
-        assert_eq!(r.resolve("lm_head"), WeightForm::Nvfp4(Nvfp4Activations::W4A16));
+        assert_eq!(
+            r.resolve("backbone.layers.0.mixer.in_proj"),
+            WeightForm::Fp8
+        );
+        assert_eq!(
+            r.resolve("backbone.layers.0.mixer.out_proj"),
+            WeightForm::Dense
+        );
+        assert_eq!(
+            r.resolve("backbone.layers.1.mixer.experts.7.up_proj"),
+            WeightForm::Nvfp4(Nvfp4Activations::W4A16)
+        );
+        assert_eq!(
+            r.resolve("backbone.layers.1.mixer.experts_x.up_proj"),
+            WeightForm::Dense
+        );
+        assert_eq!(
+            r.resolve("lm_head"),
+            WeightForm::Nvfp4(Nvfp4Activations::W4A16)
+        );
         assert!(r.kv_cache_fp8);
     }
 
     #[test]
     fn refusals_name_the_culprit() {
         let bad = |q: Value, needle: &str| {
-            let e = QuantRecipe::from_sources(&json!({ "quantization_config": q }), None).unwrap_err().to_string();
+            let e = QuantRecipe::from_sources(&json!({ "quantization_config": q }), None)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(needle), "{e} should mention {needle}");
         };
-        bad(json!({"quant_method": "modelopt", "quant_algo": "INT3"}), "INT3");
-        bad(json!({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}), "FP8_PB_WO");
-        bad(json!({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}), "group_size");
-        bad(json!({"quant_method": "modelopt", "quant_algo": "NVFP4"}), "group_size");
-        bad(json!({"quant_method": "gptq", "quant_algo": "NVFP4"}), "gptq");
+        bad(
+            json!({"quant_method": "modelopt", "quant_algo": "INT3"}),
+            "INT3",
+        );
+        bad(
+            json!({"quant_method": "modelopt", "quant_algo": "FP8_PB_WO"}),
+            "FP8_PB_WO",
+        );
+        bad(
+            json!({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 32}),
+            "group_size",
+        );
+        bad(
+            json!({"quant_method": "modelopt", "quant_algo": "NVFP4"}),
+            "group_size",
+        );
+        bad(
+            json!({"quant_method": "gptq", "quant_algo": "NVFP4"}),
+            "gptq",
+        );
         bad(
             json!({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
                 "quantized_layers": {"lm_head": {"quant_algo": "W4A16_NVFP4", "group_size": 32}}}),

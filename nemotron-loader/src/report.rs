@@ -49,7 +49,11 @@ impl LoadReport {
     pub(crate) fn new(recipe: &QuantRecipe, cfg: &NemotronHConfig, shards: &ShardSet) -> Self {
         let recipe_s = match &recipe.kind {
             RecipeKind::Unquantized => "unquantized".to_string(),
-            RecipeKind::Single(f) => format!("{} (single algorithm, {} exclusion patterns)", f.name(), recipe.exclude.len()),
+            RecipeKind::Single(f) => format!(
+                "{} (single algorithm, {} exclusion patterns)",
+                f.name(),
+                recipe.exclude.len()
+            ),
             RecipeKind::Mixed(m) => format!("MIXED_PRECISION ({} per-module entries)", m.len()),
         };
         LoadReport {
@@ -71,7 +75,11 @@ impl LoadReport {
             shards: shards.shards.len(),
             file_bytes: shards.shards.iter().map(|s| s.file_bytes as u64).sum(),
             recipe: format!("{recipe_s} from {}", recipe.source),
-            kv_cache: if recipe.kv_cache_fp8 { "FP8".into() } else { "model dtype".into() },
+            kv_cache: if recipe.kv_cache_fp8 {
+                "FP8".into()
+            } else {
+                "model dtype".into()
+            },
             layer_pattern: cfg.pattern(),
             unmatched_recipe_entries: vec![],
         }
@@ -81,11 +89,17 @@ impl LoadReport {
         self.materialized += 1;
         self.host_bytes += held;
         match s.role {
-            Role::Nvfp4Weight | Role::Nvfp4BlockScale | Role::Nvfp4GlobalScale | Role::Nvfp4InputScale => self.nvfp4_tensors += 1,
+            Role::Nvfp4Weight
+            | Role::Nvfp4BlockScale
+            | Role::Nvfp4GlobalScale
+            | Role::Nvfp4InputScale => self.nvfp4_tensors += 1,
             Role::Fp8Weight | Role::Fp8WeightScale | Role::Fp8InputScale => self.fp8_tensors += 1,
             Role::KvScale => self.kv_scales += 1,
             Role::Dense | Role::Widened => {
-                *self.dense_tensors.entry(shipped.name().to_string()).or_default() += 1;
+                *self
+                    .dense_tensors
+                    .entry(shipped.name().to_string())
+                    .or_default() += 1;
                 if held != source {
                     self.widened += 1;
                     self.widened_extra_bytes += held - source;
@@ -97,7 +111,10 @@ impl LoadReport {
     pub(crate) fn count_deferred(&mut self, prefix: &str, bytes: u64) {
         self.deferred += 1;
         self.deferred_bytes += bytes;
-        *self.deferred_prefixes.entry(prefix.to_string()).or_default() += 1;
+        *self
+            .deferred_prefixes
+            .entry(prefix.to_string())
+            .or_default() += 1;
     }
 
     pub(crate) fn count_projection(&mut self, form: WeightForm) {
@@ -109,7 +126,10 @@ impl LoadReport {
     }
 
     pub(crate) fn finish(&mut self) {
-        debug_assert_eq!(self.host_bytes, self.source_bytes - self.deferred_bytes + self.widened_extra_bytes);
+        debug_assert_eq!(
+            self.host_bytes,
+            self.source_bytes - self.deferred_bytes + self.widened_extra_bytes
+        );
     }
 
     /// The byte identity the report promises.
@@ -122,20 +142,62 @@ impl LoadReport {
         use std::fmt::Write;
         let mut s = String::new();
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let _ = writeln!(s, "layers          {} ({})", self.layer_pattern.len(), self.layer_pattern);
+        let _ = writeln!(
+            s,
+            "layers          {} ({})",
+            self.layer_pattern.len(),
+            self.layer_pattern
+        );
         let _ = writeln!(s, "recipe          {}", self.recipe);
         let _ = writeln!(s, "kv cache        {}", self.kv_cache);
-        let _ = writeln!(s, "shards          {} ({} bytes on disk)", self.shards, self.file_bytes);
-        let _ = writeln!(s, "tensors         {} in the checkpoint", self.tensors_total);
+        let _ = writeln!(
+            s,
+            "shards          {} ({} bytes on disk)",
+            self.shards, self.file_bytes
+        );
+        let _ = writeln!(
+            s,
+            "tensors         {} in the checkpoint",
+            self.tensors_total
+        );
         let _ = writeln!(s, "  materialized  {}", self.materialized);
-        let deferred: Vec<String> = self.deferred_prefixes.iter().map(|(p, n)| format!("{p}* {n}")).collect();
-        let _ = writeln!(s, "  deferred      {} ({})", self.deferred, if deferred.is_empty() { "none".into() } else { deferred.join(", ") });
-        let _ = writeln!(s, "NVFP4           {} projections, {} tensors", self.nvfp4_projections, self.nvfp4_tensors);
-        let _ = writeln!(s, "FP8             {} projections, {} tensors", self.fp8_projections, self.fp8_tensors);
+        let deferred: Vec<String> = self
+            .deferred_prefixes
+            .iter()
+            .map(|(p, n)| format!("{p}* {n}"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  deferred      {} ({})",
+            self.deferred,
+            if deferred.is_empty() {
+                "none".into()
+            } else {
+                deferred.join(", ")
+            }
+        );
+        let _ = writeln!(
+            s,
+            "NVFP4           {} projections, {} tensors",
+            self.nvfp4_projections, self.nvfp4_tensors
+        );
+        let _ = writeln!(
+            s,
+            "FP8             {} projections, {} tensors",
+            self.fp8_projections, self.fp8_tensors
+        );
         let _ = writeln!(s, "KV scales       {}", self.kv_scales);
-        let dense: Vec<String> = self.dense_tensors.iter().map(|(d, n)| format!("{n} {d}")).collect();
+        let dense: Vec<String> = self
+            .dense_tensors
+            .iter()
+            .map(|(d, n)| format!("{n} {d}"))
+            .collect();
         let _ = writeln!(s, "dense           {}", dense.join(" + "));
-        let _ = writeln!(s, "widened to f32  {} (+{} bytes)", self.widened, self.widened_extra_bytes);
+        let _ = writeln!(
+            s,
+            "widened to f32  {} (+{} bytes)",
+            self.widened, self.widened_extra_bytes
+        );
         let _ = writeln!(
             s,
             "bytes           host {} ({:.3} GiB) = source {} − deferred {} + widening {}",

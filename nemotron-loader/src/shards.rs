@@ -49,7 +49,10 @@ impl ShardSet {
         let single = dir.join(SINGLE_FILE);
         let (files, weight_map) = if index_path.exists() {
             let (files, map) = read_index(&index_path)?;
-            (files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>(), Some(map))
+            (
+                files.into_iter().map(|f| dir.join(f)).collect::<Vec<_>>(),
+                Some(map),
+            )
         } else if single.exists() {
             (vec![single], None)
         } else {
@@ -62,7 +65,11 @@ impl ShardSet {
             });
         };
 
-        let mut set = ShardSet { shards: vec![], entries: vec![], by_name: HashMap::new() };
+        let mut set = ShardSet {
+            shards: vec![],
+            entries: vec![],
+            by_name: HashMap::new(),
+        };
         for path in files {
             if !path.exists() {
                 return Err(LoadError::Index {
@@ -80,7 +87,9 @@ impl ShardSet {
                     None => {
                         return Err(LoadError::Index {
                             index: index_path,
-                            reason: format!("maps tensor `{name}` to {file}, but that shard has no such tensor"),
+                            reason: format!(
+                                "maps tensor `{name}` to {file}, but that shard has no such tensor"
+                            ),
                         })
                     }
                     Some(&i) => {
@@ -88,7 +97,10 @@ impl ShardSet {
                         if shard.file_name().and_then(|s| s.to_str()) != Some(file.as_str()) {
                             return Err(LoadError::Index {
                                 index: index_path,
-                                reason: format!("maps tensor `{name}` to {file}, but it is stored in {}", shard.display()),
+                                reason: format!(
+                                    "maps tensor `{name}` to {file}, but it is stored in {}",
+                                    shard.display()
+                                ),
                             });
                         }
                     }
@@ -98,7 +110,11 @@ impl ShardSet {
                 if !map.contains_key(&e.name) {
                     return Err(LoadError::Index {
                         index: index_path,
-                        reason: format!("does not list tensor `{}` found in {}", e.name, set.shards[e.shard].path.display()),
+                        reason: format!(
+                            "does not list tensor `{}` found in {}",
+                            e.name,
+                            set.shards[e.shard].path.display()
+                        ),
                     });
                 }
             }
@@ -107,12 +123,16 @@ impl ShardSet {
     }
 
     fn add_shard(&mut self, path: PathBuf) -> Result<()> {
-        let io = |source| LoadError::Io { path: path.clone(), source };
+        let io = |source| LoadError::Io {
+            path: path.clone(),
+            source,
+        };
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the file is opened read-only and mapped privately; the loader never writes
         // through the mapping. A concurrent truncation by another process is outside our contract.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (n, _meta) = SafeTensors::read_metadata(&mmap).map_err(|e| shard_error(&path, &mmap, e))?;
+        let (n, _meta) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| shard_error(&path, &mmap, e))?;
         let data_start = 8 + n;
         let st = SafeTensors::deserialize(&mmap).map_err(|e| shard_error(&path, &mmap, e))?;
         let shard = self.shards.len();
@@ -123,8 +143,16 @@ impl ShardSet {
             // The view borrows the mmap: its offset inside the file is its pointer distance.
             let start = bytes.as_ptr() as usize - mmap.as_ptr() as usize;
             debug_assert!(start >= data_start);
-            let dtype = DType::from_name(&view.dtype().to_string()).ok_or_else(|| view.dtype().to_string());
-            let entry = Entry { name: name.clone(), dtype, shape: view.shape().to_vec(), start, end: start + bytes.len(), shard };
+            let dtype =
+                DType::from_name(&view.dtype().to_string()).ok_or_else(|| view.dtype().to_string());
+            let entry = Entry {
+                name: name.clone(),
+                dtype,
+                shape: view.shape().to_vec(),
+                start,
+                end: start + bytes.len(),
+                shard,
+            };
             if let Some(&prev) = self.by_name.get(&name) {
                 return Err(LoadError::DuplicateTensor {
                     tensor: name,
@@ -136,7 +164,11 @@ impl ShardSet {
             self.entries.push(entry);
         }
         let file_bytes = mmap.len();
-        self.shards.push(Shard { path, mmap, file_bytes });
+        self.shards.push(Shard {
+            path,
+            mmap,
+            file_bytes,
+        });
         Ok(())
     }
 
@@ -156,7 +188,13 @@ impl ShardSet {
         if e.end > e.start {
             // SAFETY: read-only private file mapping that is never written: dropped pages are
             // re-read from the file on a later access, so no data can change or be lost.
-            let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, e.start, e.end - e.start) };
+            let _ = unsafe {
+                m.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    e.start,
+                    e.end - e.start,
+                )
+            };
         }
     }
 
@@ -168,20 +206,33 @@ impl ShardSet {
 
 /// Reads the index: the shard files (in first-appearance order) and the name → file map.
 fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io { path: path.into(), source })?;
-    let v: Value = serde_json::from_str(&text).map_err(|source| LoadError::Json { path: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.into(),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|source| LoadError::Json {
+        path: path.into(),
+        source,
+    })?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
-        .ok_or_else(|| LoadError::Index { index: path.into(), reason: "missing the `weight_map` object".into() })?;
+        .ok_or_else(|| LoadError::Index {
+            index: path.into(),
+            reason: "missing the `weight_map` object".into(),
+        })?;
     let mut files = vec![];
     let mut out = BTreeMap::new();
     for (name, f) in map {
-        let f = f
-            .as_str()
-            .ok_or_else(|| LoadError::Index { index: path.into(), reason: format!("weight_map entry `{name}` is not a file name") })?;
+        let f = f.as_str().ok_or_else(|| LoadError::Index {
+            index: path.into(),
+            reason: format!("weight_map entry `{name}` is not a file name"),
+        })?;
         if f.contains('/') || f.contains('\\') || f == ".." {
-            return Err(LoadError::Index { index: path.into(), reason: format!("shard name {f:?} must be a plain file name") });
+            return Err(LoadError::Index {
+                index: path.into(),
+                reason: format!("shard name {f:?} must be a plain file name"),
+            });
         }
         if !files.iter().any(|x: &String| x == f) {
             files.push(f.to_string());
@@ -189,7 +240,10 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>)> {
         out.insert(name.clone(), f.to_string());
     }
     if files.is_empty() {
-        return Err(LoadError::Index { index: path.into(), reason: "the weight_map is empty".into() });
+        return Err(LoadError::Index {
+            index: path.into(),
+            reason: "the weight_map is empty".into(),
+        });
     }
     files.sort();
     Ok((files, out))
@@ -202,14 +256,21 @@ fn shard_error(path: &Path, buf: &[u8], e: safetensors::SafeTensorError) -> Load
     let reason = match &e {
         E::HeaderTooSmall => "shorter than the 8-byte header length".to_string(),
         E::InvalidHeaderLength => {
-            let n = buf.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).unwrap_or(0);
-            format!("header length {n} runs past the end of the file ({} bytes)", buf.len())
+            let n = buf
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .unwrap_or(0);
+            format!(
+                "header length {n} runs past the end of the file ({} bytes)",
+                buf.len()
+            )
         }
         E::HeaderTooLarge => "header length is implausibly large".to_string(),
         E::InvalidHeader(_) => "header is not UTF-8".to_string(),
         E::InvalidHeaderDeserialization(j) => format!("header is not valid JSON: {j}"),
         E::MetadataIncompleteBuffer => {
-            "the data section is not the size the header declares (truncated or trailing bytes)".to_string()
+            "the data section is not the size the header declares (truncated or trailing bytes)"
+                .to_string()
         }
         E::TensorInvalidInfo | E::InvalidOffset(_) | E::MisalignedSlice | E::ValidationOverflow => {
             match diagnose_header(buf) {
@@ -219,7 +280,10 @@ fn shard_error(path: &Path, buf: &[u8], e: safetensors::SafeTensorError) -> Load
         }
         other => format!("{other}"),
     };
-    LoadError::Shard { file: path.to_path_buf(), reason }
+    LoadError::Shard {
+        file: path.to_path_buf(),
+        reason,
+    }
 }
 
 /// Finds the first header entry whose byte range disagrees with its dtype and shape.
@@ -231,8 +295,18 @@ fn diagnose_header(buf: &[u8]) -> Option<String> {
             continue;
         }
         let dtype = info.get("dtype")?.as_str()?;
-        let shape: Vec<u64> = info.get("shape")?.as_array()?.iter().filter_map(Value::as_u64).collect();
-        let off: Vec<u64> = info.get("data_offsets")?.as_array()?.iter().filter_map(Value::as_u64).collect();
+        let shape: Vec<u64> = info
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        let off: Vec<u64> = info
+            .get("data_offsets")?
+            .as_array()?
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
         let size = DType::from_name(dtype).map(|d| d.size() as u64)?;
         let want = shape.iter().product::<u64>() * size;
         if off.len() == 2 && off[1].saturating_sub(off[0]) != want {

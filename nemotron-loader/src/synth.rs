@@ -102,7 +102,10 @@ impl Geometry {
 
     /// Nemotron 3.5 Lightning 30B-A3B: the Nano geometry plus a `*E` MTP tower.
     pub fn lightning_30b() -> Self {
-        Geometry { mtp_pattern: "*E".into(), ..Self::nano_30b() }
+        Geometry {
+            mtp_pattern: "*E".into(),
+            ..Self::nano_30b()
+        }
     }
 
     /// The `config.json` content (string pattern spelling, as the Nano release writes it).
@@ -216,7 +219,12 @@ pub struct SynthOptions {
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        SynthOptions { recipe: SynthRecipe::Bf16, seed: 0, max_shard_bytes: 0, misalign: false }
+        SynthOptions {
+            recipe: SynthRecipe::Bf16,
+            seed: 0,
+            max_shard_bytes: 0,
+            misalign: false,
+        }
     }
 }
 
@@ -230,11 +238,20 @@ pub struct SynthSummary {
 
 /// The quantization JSON a recipe writes for a parsed config: (`quantization_config` for
 /// config.json, `hf_quant_config.json` content).
-pub fn recipe_json(cfg: &NemotronHConfig, recipe: SynthRecipe) -> Result<(Option<Value>, Option<Value>)> {
+pub fn recipe_json(
+    cfg: &NemotronHConfig,
+    recipe: SynthRecipe,
+) -> Result<(Option<Value>, Option<Value>)> {
     // Enumerate the linears with an unquantized plan.
     let plain = Plan::new(cfg, &QuantRecipe::unquantized())?;
     let modules: Vec<&PlannedLinear> = plain.linears.iter().collect();
-    let layer_of = |m: &str| -> Option<usize> { m.strip_prefix("backbone.layers.")?.split('.').next()?.parse().ok() };
+    let layer_of = |m: &str| -> Option<usize> {
+        m.strip_prefix("backbone.layers.")?
+            .split('.')
+            .next()?
+            .parse()
+            .ok()
+    };
     Ok(match recipe {
         SynthRecipe::Bf16 => (None, None),
         SynthRecipe::NanoNvfp4 => {
@@ -273,17 +290,27 @@ pub fn recipe_json(cfg: &NemotronHConfig, recipe: SynthRecipe) -> Result<(Option
                 if l.module.starts_with("mtp.") {
                     continue;
                 }
-                let is_mamba = layer_of(&l.module).is_some_and(|i| cfg.layers[i] == LayerKind::Mamba);
-                let is_expert = l.module.contains(".experts.") || l.module.contains(".shared_experts.") || l.module == "lm_head";
+                let is_mamba =
+                    layer_of(&l.module).is_some_and(|i| cfg.layers[i] == LayerKind::Mamba);
+                let is_expert = l.module.contains(".experts.")
+                    || l.module.contains(".shared_experts.")
+                    || l.module == "lm_head";
                 if is_mamba {
                     layers.insert(l.module.clone(), json!({"quant_algo": "FP8"}));
                     fp8.push(l.module.clone());
                 } else if is_expert {
-                    layers.insert(l.module.clone(), json!({"quant_algo": "W4A16_NVFP4", "group_size": 16}));
+                    layers.insert(
+                        l.module.clone(),
+                        json!({"quant_algo": "W4A16_NVFP4", "group_size": 16}),
+                    );
                     fp4.push(l.module.clone());
                 }
             }
-            let mut ignore: Vec<String> = vec!["backbone.embeddings".into(), "*conv1d*".into(), "*mixer.gate*".into()];
+            let mut ignore: Vec<String> = vec![
+                "backbone.embeddings".into(),
+                "*conv1d*".into(),
+                "*mixer.gate*".into(),
+            ];
             for (l, k) in cfg.layers.iter().enumerate() {
                 if *k == LayerKind::Attention {
                     ignore.push(format!("backbone.layers.{l}.mixer.*_proj"));
@@ -330,7 +357,10 @@ pub fn ships_optional(s: &Spec, recipe: SynthRecipe) -> bool {
 pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Result<SynthSummary> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| LoadError::Io { path: path.clone(), source }
+        move |source| LoadError::Io {
+            path: path.clone(),
+            source,
+        }
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let mut cfg_json = geom.config_json();
@@ -349,7 +379,11 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
     }
     let recipe = QuantRecipe::from_sources(&cfg_json, hq.as_ref())?;
     let plan = Plan::new(&cfg, &recipe)?;
-    let specs: Vec<&Spec> = plan.specs.iter().filter(|s| !s.optional || ships_optional(s, opts.recipe)).collect();
+    let specs: Vec<&Spec> = plan
+        .specs
+        .iter()
+        .filter(|s| !s.optional || ships_optional(s, opts.recipe))
+        .collect();
 
     // Shard assignment: greedy by size, never splitting a linear's parts.
     let size = |s: &Spec| (s.shape.iter().product::<usize>() * s.write_dtype.size()) as u64;
@@ -357,7 +391,11 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
     let mut cur = 0u64;
     for (i, s) in specs.iter().enumerate() {
         let same_linear = i > 0 && s.linear.is_some() && specs[i - 1].linear == s.linear;
-        if opts.max_shard_bytes > 0 && cur > 0 && cur + size(s) > opts.max_shard_bytes && !same_linear {
+        if opts.max_shard_bytes > 0
+            && cur > 0
+            && cur + size(s) > opts.max_shard_bytes
+            && !same_linear
+        {
             shards.push(vec![]);
             cur = 0;
         }
@@ -368,10 +406,15 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
     let names: Vec<String> = if n == 1 {
         vec![SINGLE_FILE.into()]
     } else {
-        (1..=n).map(|i| format!("model-{i:05}-of-{n:05}.safetensors")).collect()
+        (1..=n)
+            .map(|i| format!("model-{i:05}-of-{n:05}.safetensors"))
+            .collect()
     };
 
-    let mut gen = Generator { seed: opts.seed, cache: BTreeMap::new() };
+    let mut gen = Generator {
+        seed: opts.seed,
+        cache: BTreeMap::new(),
+    };
     let mut weight_map = Map::new();
     let mut total = 0u64;
     for (specs, fname) in shards.iter().zip(&names) {
@@ -396,7 +439,8 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
         }
         let f = std::fs::File::create(&path).map_err(io(&path))?;
         let mut w = std::io::BufWriter::with_capacity(1 << 22, f);
-        w.write_all(&(h.len() as u64).to_le_bytes()).map_err(io(&path))?;
+        w.write_all(&(h.len() as u64).to_le_bytes())
+            .map_err(io(&path))?;
         w.write_all(h.as_bytes()).map_err(io(&path))?;
         for s in specs {
             let bytes = gen.bytes(s, &plan);
@@ -406,9 +450,16 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
         w.flush().map_err(io(&path))?;
     }
     if n > 1 {
-        write_json(INDEX_FILE, &json!({"metadata": {"total_size": total}, "weight_map": weight_map}))?;
+        write_json(
+            INDEX_FILE,
+            &json!({"metadata": {"total_size": total}, "weight_map": weight_map}),
+        )?;
     }
-    Ok(SynthSummary { tensors: specs.len(), shards: n, data_bytes: total })
+    Ok(SynthSummary {
+        tensors: specs.len(),
+        shards: n,
+        data_bytes: total,
+    })
 }
 
 /// Deterministic per-tensor values: a tensor's bytes depend only on the seed and its name.
@@ -472,17 +523,22 @@ impl Generator {
                 let gs = formats::nvfp4_global_scale(&w);
                 let enc = parallel_nvfp4(&w, rows, cols, gs);
                 self.cache.insert(format!("{m}.weight"), enc.packed);
-                self.cache.insert(format!("{m}.weight_scale"), enc.block_scales);
-                self.cache.insert(format!("{m}.weight_scale_2"), gs.to_le_bytes().to_vec());
+                self.cache
+                    .insert(format!("{m}.weight_scale"), enc.block_scales);
+                self.cache
+                    .insert(format!("{m}.weight_scale_2"), gs.to_le_bytes().to_vec());
                 let is = (1.0 + 7.0 * r.unif()) / (formats::E2M1_MAX * formats::E4M3_MAX);
-                self.cache.insert(format!("{m}.input_scale"), is.to_le_bytes().to_vec());
+                self.cache
+                    .insert(format!("{m}.input_scale"), is.to_le_bytes().to_vec());
             }
             WeightForm::Fp8 => {
                 let (q, scale) = formats::fp8_encode(&w);
                 self.cache.insert(format!("{m}.weight"), q);
-                self.cache.insert(format!("{m}.weight_scale"), scale.to_le_bytes().to_vec());
+                self.cache
+                    .insert(format!("{m}.weight_scale"), scale.to_le_bytes().to_vec());
                 let is = (1.0 + 7.0 * r.unif()) / formats::E4M3_MAX;
-                self.cache.insert(format!("{m}.input_scale"), is.to_le_bytes().to_vec());
+                self.cache
+                    .insert(format!("{m}.input_scale"), is.to_le_bytes().to_vec());
             }
             WeightForm::Dense => unreachable!(),
         }
@@ -494,18 +550,28 @@ impl Generator {
 
 /// NVFP4-encodes row ranges on all cores (the result does not depend on the thread count).
 fn parallel_nvfp4(w: &[f32], rows: usize, cols: usize, gs: f32) -> formats::Nvfp4Encoded {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(rows.max(1));
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(rows.max(1));
     let per = rows.div_ceil(threads);
     let parts: Vec<formats::Nvfp4Encoded> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let (r0, r1) = ((t * per).min(rows), ((t + 1) * per).min(rows));
-                sc.spawn(move || formats::nvfp4_encode_with_global(&w[r0 * cols..r1 * cols], r1 - r0, cols, gs))
+                sc.spawn(move || {
+                    formats::nvfp4_encode_with_global(&w[r0 * cols..r1 * cols], r1 - r0, cols, gs)
+                })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("encoder thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("encoder thread"))
+            .collect()
     });
-    let mut out = formats::Nvfp4Encoded { packed: vec![], block_scales: vec![], weight_scale_2: gs };
+    let mut out = formats::Nvfp4Encoded {
+        packed: vec![],
+        block_scales: vec![],
+        weight_scale_2: gs,
+    };
     for p in parts {
         out.packed.extend(p.packed);
         out.block_scales.extend(p.block_scales);
@@ -516,9 +582,15 @@ fn parallel_nvfp4(w: &[f32], rows: usize, cols: usize, gs: f32) -> formats::Nvfp
 fn to_dtype(v: &[f32], d: DType) -> Vec<u8> {
     let mut out = Vec::with_capacity(v.len() * d.size());
     match d {
-        DType::F32 => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-        DType::BF16 => v.iter().for_each(|x| out.extend_from_slice(&formats::f32_to_bf16_bits(*x).to_le_bytes())),
-        DType::F16 => v.iter().for_each(|x| out.extend_from_slice(&formats::f32_to_f16_bits(*x).to_le_bytes())),
+        DType::F32 => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::BF16 => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&formats::f32_to_bf16_bits(*x).to_le_bytes())),
+        DType::F16 => v
+            .iter()
+            .for_each(|x| out.extend_from_slice(&formats::f32_to_f16_bits(*x).to_le_bytes())),
         DType::U8 | DType::F8E4M3 => unreachable!("packed parts come from the encoders"),
     }
     out
@@ -544,7 +616,8 @@ fn normal(n: usize, seed: u64, std: f32) -> Vec<f32> {
                     let mut r = Rng(mix(seed ^ (ci as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
                     for x in c.iter_mut() {
                         let u = r.next();
-                        let s = (u & 0xFFFF) + ((u >> 16) & 0xFFFF) + ((u >> 32) & 0xFFFF) + (u >> 48);
+                        let s =
+                            (u & 0xFFFF) + ((u >> 16) & 0xFFFF) + ((u >> 32) & 0xFFFF) + (u >> 48);
                         // Sum of 4 U(0,1) has mean 2, variance 1/3.
                         *x = ((s as f32 / 65536.0) - 2.0) * 1.732_050_8 * std;
                     }
@@ -575,5 +648,7 @@ fn mix(mut z: u64) -> u64 {
 }
 
 fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }

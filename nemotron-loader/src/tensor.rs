@@ -66,7 +66,14 @@ pub struct HostTensor {
 
 impl std::fmt::Debug for HostTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HostTensor({} {} {:?}, {} bytes)", self.name, self.dtype, self.shape, self.bytes.len())
+        write!(
+            f,
+            "HostTensor({} {} {:?}, {} bytes)",
+            self.name,
+            self.dtype,
+            self.shape,
+            self.bytes.len()
+        )
     }
 }
 

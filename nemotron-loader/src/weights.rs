@@ -87,7 +87,9 @@ impl LinearWeight {
                     out,
                 );
             }
-            LinearWeight::Fp8(w) => formats::fp8_dequant_row(&w.weight.bytes[r * k..(r + 1) * k], w.weight_scale, out),
+            LinearWeight::Fp8(w) => {
+                formats::fp8_dequant_row(&w.weight.bytes[r * k..(r + 1) * k], w.weight_scale, out)
+            }
         }
     }
 
@@ -95,7 +97,12 @@ impl LinearWeight {
     pub fn host_bytes(&self) -> usize {
         match self {
             LinearWeight::Dense(t) => t.bytes.len(),
-            LinearWeight::Nvfp4(w) => w.packed.bytes.len() + w.block_scales.bytes.len() + 4 + w.input_scale.map_or(0, |_| 4),
+            LinearWeight::Nvfp4(w) => {
+                w.packed.bytes.len()
+                    + w.block_scales.bytes.len()
+                    + 4
+                    + w.input_scale.map_or(0, |_| 4)
+            }
             LinearWeight::Fp8(w) => w.weight.bytes.len() + 8,
         }
     }

@@ -8,15 +8,23 @@ use nemotron_loader::formats::*;
 use safetensors::SafeTensors;
 
 fn fixture() -> Vec<u8> {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/formats.safetensors");
-    std::fs::read(p).unwrap_or_else(|e| panic!("{p}: {e} (generate it with tools/gen_format_fixtures.py)"))
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/formats.safetensors"
+    );
+    std::fs::read(p)
+        .unwrap_or_else(|e| panic!("{p}: {e} (generate it with tools/gen_format_fixtures.py)"))
 }
 
 struct F<'a>(SafeTensors<'a>);
 
 impl F<'_> {
     fn bytes(&self, name: &str) -> Vec<u8> {
-        self.0.tensor(name).unwrap_or_else(|_| panic!("fixture lacks {name}")).data().to_vec()
+        self.0
+            .tensor(name)
+            .unwrap_or_else(|_| panic!("fixture lacks {name}"))
+            .data()
+            .to_vec()
     }
     fn shape(&self, name: &str) -> Vec<usize> {
         self.0.tensor(name).unwrap().shape().to_vec()
@@ -26,10 +34,15 @@ impl F<'_> {
         (0..b.len() / 4).map(|i| f32_at(&b, i)).collect()
     }
     fn u16s(&self, name: &str) -> Vec<u16> {
-        self.bytes(name).chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+        self.bytes(name)
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
     }
     fn nvfp4_cases(&self) -> Vec<usize> {
-        (0..).take_while(|i| self.0.tensor(&format!("nvfp4.{i}.w")).is_ok()).collect()
+        (0..)
+            .take_while(|i| self.0.tensor(&format!("nvfp4.{i}.w")).is_ok())
+            .collect()
     }
 }
 
@@ -59,7 +72,10 @@ fn dequant_with(
 }
 
 fn mismatches(a: &[f32], b: &[f32]) -> usize {
-    a.iter().zip(b).filter(|(x, y)| !same_bits(**x, **y)).count()
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| !same_bits(**x, **y))
+        .count()
 }
 
 #[test]
@@ -69,7 +85,11 @@ fn e4m3_decode_all_256_codes_matches_torch() {
     let table = f.f32s("e4m3.table");
     assert_eq!(table.len(), 256);
     for (b, want) in table.iter().enumerate() {
-        assert!(same_bits(e4m3_to_f32(b as u8), *want), "code {b:#04x}: {} vs torch {want}", e4m3_to_f32(b as u8));
+        assert!(
+            same_bits(e4m3_to_f32(b as u8), *want),
+            "code {b:#04x}: {} vs torch {want}",
+            e4m3_to_f32(b as u8)
+        );
     }
 }
 
@@ -80,8 +100,21 @@ fn e4m3_encode_matches_torch_cast() {
     for set in ["e4m3.enc", "e4m3.sat"] {
         let x = f.f32s(&format!("{set}.x"));
         let code = f.bytes(&format!("{set}.code"));
-        let bad: Vec<_> = x.iter().zip(&code).filter(|(x, c)| f32_to_e4m3(**x) != **c).take(5).collect();
-        assert!(bad.is_empty(), "{set}: {} of {} differ, e.g. {bad:?}", x.iter().zip(&code).filter(|(x, c)| f32_to_e4m3(**x) != **c).count(), x.len());
+        let bad: Vec<_> = x
+            .iter()
+            .zip(&code)
+            .filter(|(x, c)| f32_to_e4m3(**x) != **c)
+            .take(5)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{set}: {} of {} differ, e.g. {bad:?}",
+            x.iter()
+                .zip(&code)
+                .filter(|(x, c)| f32_to_e4m3(**x) != **c)
+                .count(),
+            x.len()
+        );
     }
 }
 
@@ -110,8 +143,16 @@ fn nvfp4_encoder_reproduces_modelopt_bytes() {
         let shape = f.shape(&p("w"));
         let (rows, cols) = (shape[0], shape[1]);
         let enc = nvfp4_encode(&f.f32s(&p("w")), rows, cols);
-        assert_eq!(enc.weight_scale_2.to_bits(), f.f32s(&p("weight_scale_2"))[0].to_bits(), "case {i}: weight_scale_2");
-        assert_eq!(enc.block_scales, f.bytes(&p("weight_scale")), "case {i}: block scales");
+        assert_eq!(
+            enc.weight_scale_2.to_bits(),
+            f.f32s(&p("weight_scale_2"))[0].to_bits(),
+            "case {i}: weight_scale_2"
+        );
+        assert_eq!(
+            enc.block_scales,
+            f.bytes(&p("weight_scale")),
+            "case {i}: block scales"
+        );
         assert_eq!(enc.packed, f.bytes(&p("weight")), "case {i}: packed codes");
     }
 }
@@ -145,9 +186,20 @@ fn counterfactual_swapped_nibbles_is_caught() {
         nvfp4_dequant_row(&p, scales, gs, out)
     };
     let shape = f.shape("nvfp4.0.w");
-    let got = dequant_with(&f.bytes("nvfp4.0.weight"), &f.bytes("nvfp4.0.weight_scale"), f.f32s("nvfp4.0.weight_scale_2")[0], shape[0], shape[1], swapped);
+    let got = dequant_with(
+        &f.bytes("nvfp4.0.weight"),
+        &f.bytes("nvfp4.0.weight_scale"),
+        f.f32s("nvfp4.0.weight_scale_2")[0],
+        shape[0],
+        shape[1],
+        swapped,
+    );
     let n = mismatches(&got, &f.f32s("nvfp4.0.dequant"));
-    assert!(n > got.len() / 2, "swapped nibbles differ in only {n} of {} elements", got.len());
+    assert!(
+        n > got.len() / 2,
+        "swapped nibbles differ in only {n} of {} elements",
+        got.len()
+    );
 }
 
 /// A decoder that ignores the global scale must not pass.
@@ -156,10 +208,21 @@ fn counterfactual_ignored_global_scale_is_caught() {
     let buf = fixture();
     let f = F(SafeTensors::deserialize(&buf).unwrap());
     let shape = f.shape("nvfp4.0.w");
-    let got = dequant_with(&f.bytes("nvfp4.0.weight"), &f.bytes("nvfp4.0.weight_scale"), 1.0, shape[0], shape[1], nvfp4_dequant_row);
+    let got = dequant_with(
+        &f.bytes("nvfp4.0.weight"),
+        &f.bytes("nvfp4.0.weight_scale"),
+        1.0,
+        shape[0],
+        shape[1],
+        nvfp4_dequant_row,
+    );
     let want = f.f32s("nvfp4.0.dequant");
     let nonzero = want.iter().filter(|v| **v != 0.0).count();
-    assert_eq!(mismatches(&got, &want), nonzero, "every non-zero element must differ");
+    assert_eq!(
+        mismatches(&got, &want),
+        nonzero,
+        "every non-zero element must differ"
+    );
 }
 
 #[test]
@@ -167,7 +230,11 @@ fn fp8_encoder_and_dequant_match_modelopt() {
     let buf = fixture();
     let f = F(SafeTensors::deserialize(&buf).unwrap());
     let (q, scale) = fp8_encode(&f.f32s("fp8.0.w"));
-    assert_eq!(scale.to_bits(), f.f32s("fp8.0.weight_scale")[0].to_bits(), "weight_scale");
+    assert_eq!(
+        scale.to_bits(),
+        f.f32s("fp8.0.weight_scale")[0].to_bits(),
+        "weight_scale"
+    );
     assert_eq!(q, f.bytes("fp8.0.weight"), "E4M3 codes");
     let cols = f.shape("fp8.0.w")[1];
     let want = f.f32s("fp8.0.dequant");

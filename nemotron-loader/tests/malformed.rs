@@ -13,7 +13,12 @@ struct Ck {
 impl Ck {
     fn new(recipe: SynthRecipe, shard_bytes: u64) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let opts = SynthOptions { recipe, seed: 11, max_shard_bytes: shard_bytes, misalign: false };
+        let opts = SynthOptions {
+            recipe,
+            seed: 11,
+            max_shard_bytes: shard_bytes,
+            misalign: false,
+        };
         write_checkpoint(dir.path(), &Geometry::tiny(), &opts).unwrap();
         Ck { dir }
     }
@@ -33,7 +38,11 @@ impl Ck {
             return self.path().join("model.safetensors");
         }
         let v: Value = serde_json::from_str(&std::fs::read_to_string(idx).unwrap()).unwrap();
-        self.path().join(v["weight_map"][tensor].as_str().unwrap_or_else(|| panic!("{tensor} not in index")))
+        self.path().join(
+            v["weight_map"][tensor]
+                .as_str()
+                .unwrap_or_else(|| panic!("{tensor} not in index")),
+        )
     }
     /// Rewrites the shard holding `tensor` after `f` edits its (name, dtype, shape, bytes) list.
     fn edit_shard(&self, tensor: &str, f: impl FnOnce(&mut Vec<Raw>)) -> PathBuf {
@@ -44,12 +53,15 @@ impl Ck {
         p
     }
     fn index_set(&self, tensor: &str, file: &str) {
-        self.edit_json("model.safetensors.index.json", |v| v["weight_map"][tensor] = json!(file));
+        self.edit_json("model.safetensors.index.json", |v| {
+            v["weight_map"][tensor] = json!(file)
+        });
     }
     /// Loads, requires a refusal (not a panic) and returns its message.
     fn refused(&self) -> String {
         let p = self.path().to_path_buf();
-        let r = std::panic::catch_unwind(move || Checkpoint::load(&p)).expect("the loader panicked instead of refusing");
+        let r = std::panic::catch_unwind(move || Checkpoint::load(&p))
+            .expect("the loader panicked instead of refusing");
         match r {
             Ok(_) => panic!("the malformed checkpoint loaded"),
             Err(e) => {
@@ -78,13 +90,23 @@ fn read_raw(p: &Path) -> Vec<Raw> {
         if name == "__metadata__" {
             continue;
         }
-        let o: Vec<usize> = info["data_offsets"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let o: Vec<usize> = info["data_offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
         out.push((
             o[0],
             Raw {
                 name: name.clone(),
                 dtype: info["dtype"].as_str().unwrap().into(),
-                shape: info["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect(),
+                shape: info["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as usize)
+                    .collect(),
                 bytes: buf[8 + n + o[0]..8 + n + o[1]].to_vec(),
             },
         ));
@@ -97,7 +119,10 @@ fn write_raw(p: &Path, ts: &[Raw]) {
     let mut h = serde_json::Map::new();
     let mut off = 0;
     for t in ts {
-        h.insert(t.name.clone(), json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, off + t.bytes.len()]}));
+        h.insert(
+            t.name.clone(),
+            json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [off, off + t.bytes.len()]}),
+        );
         off += t.bytes.len();
     }
     let mut hs = serde_json::to_string(&Value::Object(h)).unwrap();
@@ -128,7 +153,10 @@ fn truncated_shard() {
     let p = ck.shard_of("backbone.norm_f.weight");
     let b = std::fs::read(&p).unwrap();
     std::fs::write(&p, &b[..b.len() - 100]).unwrap();
-    mentions(&ck.refused(), &[p.file_name().unwrap().to_str().unwrap(), "truncated"]);
+    mentions(
+        &ck.refused(),
+        &[p.file_name().unwrap().to_str().unwrap(), "truncated"],
+    );
 }
 
 #[test]
@@ -139,7 +167,10 @@ fn bad_header_json() {
     b[8] = b'['; // the header no longer parses as an object
     b[9] = b'}';
     std::fs::write(&p, &b).unwrap();
-    mentions(&ck.refused(), &[p.file_name().unwrap().to_str().unwrap(), "JSON"]);
+    mentions(
+        &ck.refused(),
+        &[p.file_name().unwrap().to_str().unwrap(), "JSON"],
+    );
 }
 
 #[test]
@@ -150,7 +181,14 @@ fn header_length_past_eof() {
     let too_long = (b.len() as u64 * 4).to_le_bytes();
     b[..8].copy_from_slice(&too_long);
     std::fs::write(&p, &b).unwrap();
-    mentions(&ck.refused(), &[p.file_name().unwrap().to_str().unwrap(), "header length", "past the end"]);
+    mentions(
+        &ck.refused(),
+        &[
+            p.file_name().unwrap().to_str().unwrap(),
+            "header length",
+            "past the end",
+        ],
+    );
 }
 
 #[test]
@@ -165,7 +203,10 @@ fn data_offsets_disagree_with_shape() {
     let ck = Ck::new(LM, SHARD);
     let p = ck.shard_of("backbone.norm_f.weight");
     let mut ts = read_raw(&p);
-    let t = ts.iter_mut().find(|t| t.name == "backbone.norm_f.weight").unwrap();
+    let t = ts
+        .iter_mut()
+        .find(|t| t.name == "backbone.norm_f.weight")
+        .unwrap();
     t.shape = vec![t.shape[0] + 1]; // header shape now needs 2 more bytes than the range has
     write_raw(&p, &ts);
     mentions(&ck.refused(), &["backbone.norm_f.weight", "data_offsets"]);
@@ -175,9 +216,20 @@ fn data_offsets_disagree_with_shape() {
 fn dtype_mismatch_fp8_declared_but_u8_shipped() {
     let ck = Ck::new(LM, SHARD);
     ck.edit_shard(&format!("{IN_PROJ}.weight"), |ts| {
-        ts.iter_mut().find(|t| t.name == format!("{IN_PROJ}.weight")).unwrap().dtype = "U8".into();
+        ts.iter_mut()
+            .find(|t| t.name == format!("{IN_PROJ}.weight"))
+            .unwrap()
+            .dtype = "U8".into();
     });
-    mentions(&ck.refused(), &["backbone.layers.0.mixer.in_proj.weight", "U8", "F8_E4M3", "FP8"]);
+    mentions(
+        &ck.refused(),
+        &[
+            "backbone.layers.0.mixer.in_proj.weight",
+            "U8",
+            "F8_E4M3",
+            "FP8",
+        ],
+    );
 }
 
 #[test]
@@ -231,7 +283,12 @@ fn unexpected_tensor() {
     let anchor = "backbone.norm_f.weight";
     let extra = "backbone.layers.0.mixer.in_proj.bias";
     let p = ck.edit_shard(anchor, |ts| {
-        ts.push(Raw { name: extra.into(), dtype: "BF16".into(), shape: vec![4], bytes: vec![0; 8] });
+        ts.push(Raw {
+            name: extra.into(),
+            dtype: "BF16".into(),
+            shape: vec![4],
+            bytes: vec![0; 8],
+        });
     });
     ck.index_set(extra, p.file_name().unwrap().to_str().unwrap());
     mentions(&ck.refused(), &[extra, "unexpected"]);
@@ -262,7 +319,10 @@ fn index_names_missing_shard() {
     let ck = Ck::new(LM, SHARD);
     let p = ck.shard_of("lm_head.weight");
     std::fs::remove_file(&p).unwrap();
-    mentions(&ck.refused(), &[p.file_name().unwrap().to_str().unwrap(), "does not exist"]);
+    mentions(
+        &ck.refused(),
+        &[p.file_name().unwrap().to_str().unwrap(), "does not exist"],
+    );
 }
 
 #[test]
@@ -288,7 +348,9 @@ fn no_weights_at_all() {
 #[test]
 fn unknown_quant_algo() {
     let ck = Ck::new(SynthRecipe::NanoNvfp4, SHARD);
-    ck.edit_json("hf_quant_config.json", |v| v["quantization"]["quant_algo"] = json!("INT3"));
+    ck.edit_json("hf_quant_config.json", |v| {
+        v["quantization"]["quant_algo"] = json!("INT3")
+    });
     mentions(&ck.refused(), &["hf_quant_config.json", "INT3"]);
 }
 
@@ -297,7 +359,11 @@ fn unsupported_fp8_variant_in_mixed_map() {
     let ck = Ck::new(LM, SHARD);
     for f in ["config.json", "hf_quant_config.json"] {
         ck.edit_json(f, |v| {
-            let q = if f == "config.json" { &mut v["quantization_config"] } else { &mut v["quantization"] };
+            let q = if f == "config.json" {
+                &mut v["quantization_config"]
+            } else {
+                &mut v["quantization"]
+            };
             q["quantized_layers"][IN_PROJ] = json!({"quant_algo": "FP8_PB_WO"});
         });
     }
@@ -307,7 +373,9 @@ fn unsupported_fp8_variant_in_mixed_map() {
 #[test]
 fn group_size_32() {
     let ck = Ck::new(SynthRecipe::NanoNvfp4, SHARD);
-    ck.edit_json("hf_quant_config.json", |v| v["quantization"]["group_size"] = json!(32));
+    ck.edit_json("hf_quant_config.json", |v| {
+        v["quantization"]["group_size"] = json!(32)
+    });
     mentions(&ck.refused(), &["group_size", "32"]);
 }
 
@@ -315,7 +383,8 @@ fn group_size_32() {
 fn recipe_files_disagree() {
     let ck = Ck::new(LM, SHARD);
     ck.edit_json("hf_quant_config.json", |v| {
-        v["quantization"]["quantized_layers"][IN_PROJ] = json!({"quant_algo": "W4A16_NVFP4", "group_size": 16});
+        v["quantization"]["quantized_layers"][IN_PROJ] =
+            json!({"quant_algo": "W4A16_NVFP4", "group_size": 16});
     });
     mentions(&ck.refused(), &["config.json", "hf_quant_config.json"]);
 }
@@ -341,7 +410,10 @@ fn eps_falls_back_to_norm_eps_then_rms_norm_eps() {
         m.insert("rms_norm_eps".into(), json!(1e-6));
     });
     let c = Checkpoint::load(ck.path()).unwrap();
-    assert_eq!((c.config.norm_eps, c.config.norm_eps_field), (1e-6, "rms_norm_eps"));
+    assert_eq!(
+        (c.config.norm_eps, c.config.norm_eps_field),
+        (1e-6, "rms_norm_eps")
+    );
 }
 
 #[test]
@@ -354,8 +426,13 @@ fn pattern_and_num_layers_disagree() {
 #[test]
 fn unknown_layer_letter() {
     let ck = Ck::new(LM, SHARD);
-    ck.edit_json("config.json", |v| v["hybrid_override_pattern"] = json!("ME*MXE"));
-    mentions(&ck.refused(), &["hybrid_override_pattern", "'X'", "position 4"]);
+    ck.edit_json("config.json", |v| {
+        v["hybrid_override_pattern"] = json!("ME*MXE")
+    });
+    mentions(
+        &ck.refused(),
+        &["hybrid_override_pattern", "'X'", "position 4"],
+    );
 }
 
 #[test]
@@ -376,7 +453,9 @@ fn config_json_not_json() {
 fn nan_global_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = "lm_head.weight_scale_2";
-    ck.edit_shard(name, |ts| ts.iter_mut().find(|t| t.name == name).unwrap().bytes = f32::NAN.to_le_bytes().to_vec());
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes = f32::NAN.to_le_bytes().to_vec()
+    });
     mentions(&ck.refused(), &[name, "NaN"]);
 }
 
@@ -384,7 +463,9 @@ fn nan_global_scale() {
 fn negative_global_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = "backbone.layers.1.mixer.experts.3.down_proj.weight_scale_2";
-    ck.edit_shard(name, |ts| ts.iter_mut().find(|t| t.name == name).unwrap().bytes = (-0.01f32).to_le_bytes().to_vec());
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes = (-0.01f32).to_le_bytes().to_vec()
+    });
     mentions(&ck.refused(), &[name, "-0.01"]);
 }
 
@@ -392,7 +473,9 @@ fn negative_global_scale() {
 fn zero_fp8_input_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = format!("{IN_PROJ}.input_scale");
-    ck.edit_shard(&name, |ts| ts.iter_mut().find(|t| t.name == name).unwrap().bytes = 0f32.to_le_bytes().to_vec());
+    ck.edit_shard(&name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes = 0f32.to_le_bytes().to_vec()
+    });
     mentions(&ck.refused(), &[&name, "> 0"]);
 }
 
@@ -400,7 +483,9 @@ fn zero_fp8_input_scale() {
 fn nan_block_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = "backbone.layers.5.mixer.shared_experts.up_proj.weight_scale"; // [48, 4]
-    ck.edit_shard(name, |ts| ts.iter_mut().find(|t| t.name == name).unwrap().bytes[4 * 7 + 2] = 0x7F);
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes[4 * 7 + 2] = 0x7F
+    });
     mentions(&ck.refused(), &[name, "row 7, block 2", "0x7f"]);
 }
 
@@ -430,13 +515,23 @@ fn k_scale_without_v_scale() {
 fn odd_offsets_still_load_with_identical_values() {
     let aligned = Ck::new(LM, 0);
     let odd = tempfile::tempdir().unwrap();
-    let opts = SynthOptions { recipe: LM, seed: 11, max_shard_bytes: 0, misalign: true };
+    let opts = SynthOptions {
+        recipe: LM,
+        seed: 11,
+        max_shard_bytes: 0,
+        misalign: true,
+    };
     write_checkpoint(odd.path(), &Geometry::tiny(), &opts).unwrap();
     // Every tensor starts at an odd file offset.
     let b = std::fs::read(odd.path().join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
     let h: Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
-    for (name, info) in h.as_object().unwrap().iter().filter(|(k, _)| *k != "__metadata__") {
+    for (name, info) in h
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+    {
         let start = 8 + n + info["data_offsets"][0].as_u64().unwrap() as usize;
         assert_eq!(start % 2, 1, "{name} starts at {start}");
     }
@@ -454,7 +549,14 @@ fn new_list_spelling_and_head_dim_alias_load() {
         m.remove("hybrid_override_pattern");
         m.insert(
             "layers_block_type".into(),
-            json!(["linear_attention", "moe", "full_attention", "linear_attention", "mlp", "moe"]),
+            json!([
+                "linear_attention",
+                "moe",
+                "full_attention",
+                "linear_attention",
+                "mlp",
+                "moe"
+            ]),
         );
         let hd = m.remove("head_dim").unwrap();
         m.insert("attention_head_dim".into(), hd);
@@ -464,4 +566,21 @@ fn new_list_spelling_and_head_dim_alias_load() {
     let c = Checkpoint::load(ck.path()).unwrap();
     assert_eq!(c.config.pattern(), "ME*M-E");
     assert_eq!(c.config.attention.as_ref().unwrap().head_dim, 16);
+}
+
+#[test]
+fn python_infinity_in_config_is_read() {
+    // transformers writes `"time_step_limit": [0.0, Infinity]` (Python's json); a clamp-free
+    // limit loads, a positive lower limit is refused by name.
+    let ck = Ck::new(SynthRecipe::Bf16, SHARD);
+    let p = ck.path().join("config.json");
+    let text = std::fs::read_to_string(&p).unwrap().replacen(
+        "{",
+        "{\n  \"time_step_limit\": [0.0, Infinity],",
+        1,
+    );
+    std::fs::write(&p, &text).unwrap();
+    Checkpoint::load(ck.path()).unwrap();
+    std::fs::write(&p, text.replace("[0.0, Infinity]", "[0.001, Infinity]")).unwrap();
+    mentions(&ck.refused(), &["time_step_limit", "no dt clamp"]);
 }

@@ -2,8 +2,12 @@
 //! full-size 30B-A3B enumerations against the numbers of the real released checkpoints.
 
 use nemotron_loader::plan::{Plan, PlanCounts};
-use nemotron_loader::synth::{recipe_json, ships_optional, write_checkpoint, Geometry, SynthOptions, SynthRecipe};
-use nemotron_loader::{Checkpoint, LinearWeight, MixerWeights, NemotronHConfig, QuantRecipe, WeightForm};
+use nemotron_loader::synth::{
+    recipe_json, ships_optional, write_checkpoint, Geometry, SynthOptions, SynthRecipe,
+};
+use nemotron_loader::{
+    Checkpoint, LinearWeight, MixerWeights, NemotronHConfig, QuantRecipe, WeightForm,
+};
 use std::collections::BTreeMap;
 
 fn plan_for(geom: &Geometry, recipe: SynthRecipe) -> Plan {
@@ -59,7 +63,13 @@ fn full_size_nano_nvfp4_enumeration_matches_the_release() {
     assert_eq!((c.fp8_projections, c.kv_scales, c.deferred), (0, 0, 0));
     // The six Mamba layers in front of attention stay BF16.
     for l in [4, 11, 18, 25, 32, 41] {
-        assert_eq!(plan.linear(&format!("backbone.layers.{l}.mixer.in_proj")).unwrap().form, WeightForm::Dense, "layer {l}");
+        assert_eq!(
+            plan.linear(&format!("backbone.layers.{l}.mixer.in_proj"))
+                .unwrap()
+                .form,
+            WeightForm::Dense,
+            "layer {l}"
+        );
     }
     assert_eq!(plan.linear("lm_head").unwrap().form, WeightForm::Dense);
 }
@@ -70,13 +80,22 @@ fn full_size_bf16_enumeration() {
     let plan = plan_for(&Geometry::nano_30b(), SynthRecipe::Bf16);
     let c = plan.counts(|_| false);
     assert_eq!(c.tensors_total, 6_243);
-    let params: u64 = plan.specs.iter().map(|s| s.shape.iter().product::<usize>() as u64).sum();
+    let params: u64 = plan
+        .specs
+        .iter()
+        .map(|s| s.shape.iter().product::<usize>() as u64)
+        .sum();
     assert_eq!(params, 31_577_940_288);
 }
 
 fn load_tiny(recipe: SynthRecipe) -> (Checkpoint, PlanCounts) {
     let dir = tempfile::tempdir().unwrap();
-    let opts = SynthOptions { recipe, seed: 3, max_shard_bytes: 32 << 10, misalign: false };
+    let opts = SynthOptions {
+        recipe,
+        seed: 3,
+        max_shard_bytes: 32 << 10,
+        misalign: false,
+    };
     let summary = write_checkpoint(dir.path(), &Geometry::tiny(), &opts).unwrap();
     let ck = Checkpoint::load(dir.path()).unwrap();
     let counts = plan_for(&Geometry::tiny(), recipe).counts(|s| ships_optional(s, recipe));
@@ -88,13 +107,36 @@ fn load_tiny(recipe: SynthRecipe) -> (Checkpoint, PlanCounts) {
 fn assert_report_matches(ck: &Checkpoint, c: &PlanCounts) {
     let r = &ck.report;
     assert_eq!(
-        (r.tensors_total, r.materialized, r.deferred, r.nvfp4_projections, r.nvfp4_tensors, r.fp8_projections, r.fp8_tensors, r.kv_scales, r.widened),
-        (c.tensors_total, c.materialized, c.deferred, c.nvfp4_projections, c.nvfp4_tensors, c.fp8_projections, c.fp8_tensors, c.kv_scales, c.widened)
+        (
+            r.tensors_total,
+            r.materialized,
+            r.deferred,
+            r.nvfp4_projections,
+            r.nvfp4_tensors,
+            r.fp8_projections,
+            r.fp8_tensors,
+            r.kv_scales,
+            r.widened
+        ),
+        (
+            c.tensors_total,
+            c.materialized,
+            c.deferred,
+            c.nvfp4_projections,
+            c.nvfp4_tensors,
+            c.fp8_projections,
+            c.fp8_tensors,
+            c.kv_scales,
+            c.widened
+        )
     );
     assert_eq!(r.dense_tensors, c.dense_tensors);
     assert_eq!(r.source_bytes, c.bytes);
     assert!(r.bytes_identity_holds());
-    assert_eq!(r.host_bytes, r.source_bytes - r.deferred_bytes + r.widened_extra_bytes);
+    assert_eq!(
+        r.host_bytes,
+        r.source_bytes - r.deferred_bytes + r.widened_extra_bytes
+    );
 }
 
 // Tiny geometry "ME*M-E" + MTP "*E": 2 Mamba, 2 MoE (8 experts + shared), 1 attention, 1 MLP.
@@ -106,7 +148,10 @@ fn tiny_lightning_mixed_counts() {
     let r = &ck.report;
     // 2 MoE × (16 expert + 2 shared) + lm_head = 37 W4A16 projections of 3 tensors.
     assert_eq!((r.nvfp4_projections, r.nvfp4_tensors), (37, 111));
-    assert_eq!((r.fp8_projections, r.fp8_tensors, r.kv_scales, r.widened), (4, 12, 2, 6));
+    assert_eq!(
+        (r.fp8_projections, r.fp8_tensors, r.kv_scales, r.widened),
+        (4, 12, 2, 6)
+    );
     // MTP "*E": layer 0 = 3 fusion + norm + 4 attention; layer 1 = norm + 2 router + 16 + 2 + final norm.
     assert_eq!(r.deferred, 8 + 22);
     assert_eq!(r.deferred_prefixes.get("mtp."), Some(&30));
@@ -140,7 +185,9 @@ fn tiny_nano_nvfp4_counts() {
     assert_eq!((r.fp8_projections, r.kv_scales), (0, 0));
     assert!(matches!(ck.weights.lm_head, Some(LinearWeight::Dense(_))));
     match &ck.weights.layers[1].mixer {
-        MixerWeights::Moe(m) => assert!(matches!(m.experts[0].up, LinearWeight::Nvfp4(ref n) if n.input_scale.is_some())),
+        MixerWeights::Moe(m) => assert!(
+            matches!(m.experts[0].up, LinearWeight::Nvfp4(ref n) if n.input_scale.is_some())
+        ),
         other => panic!("layer 1 is MoE, got {other:?}"),
     }
 }
@@ -150,6 +197,9 @@ fn tiny_bf16_counts() {
     let (ck, c) = load_tiny(SynthRecipe::Bf16);
     assert_report_matches(&ck, &c);
     let r = &ck.report;
-    assert_eq!((r.nvfp4_projections, r.fp8_projections, r.kv_scales), (0, 0, 0));
+    assert_eq!(
+        (r.nvfp4_projections, r.fp8_projections, r.kv_scales),
+        (0, 0, 0)
+    );
     assert_eq!(r.recipe, "unquantized from none");
 }

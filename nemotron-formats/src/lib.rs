@@ -122,7 +122,12 @@ pub fn f16_at(bytes: &[u8], i: usize) -> f32 {
 /// Reads element `i` of a little-endian F32 buffer.
 #[inline]
 pub fn f32_at(bytes: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
+    f32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
 }
 
 /// f32 → bf16 bits, round-to-nearest-even.
@@ -203,7 +208,11 @@ pub fn nvfp4_encode_with_global(w: &[f32], rows: usize, cols: usize, gs: f32) ->
             let bamax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
             // ModelOpt: a zero scale becomes 1.0; others are clamped to [2^-9, 448] before the cast.
             let raw = bamax / (E2M1_MAX * gs);
-            let s = if raw == 0.0 { 0x38 } else { f32_to_e4m3(raw.clamp(2f32.powi(-9), E4M3_MAX)) };
+            let s = if raw == 0.0 {
+                0x38
+            } else {
+                f32_to_e4m3(raw.clamp(2f32.powi(-9), E4M3_MAX))
+            };
             block_scales[r * nb + b] = s;
             let denom = e4m3_to_f32(s) * gs;
             for j in 0..NVFP4_BLOCK / 2 {
@@ -213,7 +222,11 @@ pub fn nvfp4_encode_with_global(w: &[f32], rows: usize, cols: usize, gs: f32) ->
             }
         }
     }
-    Nvfp4Encoded { packed, block_scales, weight_scale_2: gs }
+    Nvfp4Encoded {
+        packed,
+        block_scales,
+        weight_scale_2: gs,
+    }
 }
 
 /// Encodes to per-tensor FP8 as ModelOpt exports `quant_algo: FP8` weights:
@@ -258,7 +271,15 @@ mod tests {
         assert_eq!(e2m1_to_f32(0x1), 0.5);
         assert_eq!(e2m1_to_f32(0x9), -0.5);
         // Ties: 0.25 -> 0, 0.75 -> 1.0, 1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0.
-        let ties = [(0.25, 0), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6)];
+        let ties = [
+            (0.25, 0),
+            (0.75, 2),
+            (1.25, 2),
+            (1.75, 4),
+            (2.5, 4),
+            (3.5, 6),
+            (5.0, 6),
+        ];
         for (x, c) in ties {
             assert_eq!(f32_to_e2m1(x), c, "tie {x}");
             assert_eq!(f32_to_e2m1(-x), c | 8, "tie -{x}");
@@ -273,7 +294,10 @@ mod tests {
         // 1 + 3·2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6: ties to even (up).
         assert_eq!(f32_to_bf16_bits(1.0 + 3.0 * 2f32.powi(-8)), 0x3F82);
         // Just above the halfway point rounds up.
-        assert_eq!(f32_to_bf16_bits(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3F81);
+        assert_eq!(
+            f32_to_bf16_bits(1.0 + 2f32.powi(-8) + 2f32.powi(-20)),
+            0x3F81
+        );
         let b = f32_to_bf16_bits(-2.5).to_le_bytes();
         assert_eq!(bf16_at(&b, 0), -2.5);
     }
