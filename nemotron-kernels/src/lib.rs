@@ -1,3 +1,97 @@
-//! The backend seam (skeleton): the extension trait and its implementations arrive with the host
-//! reference issue.
-pub use burn;
+//! The backend seam of NemotronH: [`NemotronBackend`], one extension trait over Burn's `Backend`
+//! with the ops Burn lacks — linears against packed NVFP4 and FP8 weights, the Mamba2 causal conv
+//! and the selective scan — plus their plain-Rust implementation for NdArray, the host reference
+//! every other arm is judged against.
+//!
+//! Every op takes any number of new tokens per sequence (`T ≥ 1`) with the per-sequence state, so
+//! prefill and decode are the same call; batches are right-padded to a common `T` and carry each
+//! sequence's valid length, and padded positions never touch the state.
+
+pub mod ndarray;
+pub mod reference;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+/// An NVFP4 matrix as shipped: `out × in`, E2M1 codes packed two per byte along `in` (low nibble =
+/// even column), one E4M3 scale per 16 inputs, one f32 global scale that multiplies every element.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nvfp4Matrix {
+    pub out_features: usize,
+    pub in_features: usize,
+    /// `[out, in/2]`.
+    pub packed: Vec<u8>,
+    /// `[out, in/16]` E4M3 bytes.
+    pub block_scales: Vec<u8>,
+    pub global_scale: f32,
+}
+
+/// A per-tensor static FP8 (W8A8) matrix: `W = e4m3(weight) · weight_scale`; activations are
+/// quantized with the static `input_scale` before the product.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Matrix {
+    pub out_features: usize,
+    pub in_features: usize,
+    /// `[out, in]` E4M3 bytes.
+    pub weight: Vec<u8>,
+    pub weight_scale: f32,
+    pub input_scale: f32,
+}
+
+/// Mamba2 dimensions an op needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanDims {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub groups: usize,
+    pub state: usize,
+}
+
+/// The ops NemotronH needs beyond Burn's. Tensors are in the backend's float dtype; the SSM state
+/// is always f32 in value (on NdArray everything is f32).
+pub trait NemotronBackend: Backend {
+    /// An NVFP4 matrix resident on the device, still packed.
+    type Nvfp4Weight: Clone + Send + Sync + std::fmt::Debug;
+    /// An FP8 matrix resident on the device, still 8-bit.
+    type Fp8Weight: Clone + Send + Sync + std::fmt::Debug;
+
+    fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight;
+    fn fp8_weight(w: Fp8Matrix, device: &burn::tensor::Device<Self>) -> Self::Fp8Weight;
+
+    /// `y[m, n] = Σ_k x[m, k] · W[n, k]` with `W` dequantized block by block inside the product
+    /// (W4A16: activations stay float; a W4A4-declared checkpoint runs the same way).
+    fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2>;
+
+    /// Static W8A8: `xq = e4m3(clamp(x / input_scale, ±448))`,
+    /// `y = (xq · e4m3(W)ᵀ) · (input_scale · weight_scale)`.
+    fn fp8_linear(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2>;
+
+    /// Depthwise causal conv over time + bias + SiLU.
+    /// `x`: `[B, T, C]`; `weight`: `[C, K]` (`[.., K-1]` multiplies the current token);
+    /// `state`: `[B, C, K-1]`, the last `K-1` inputs before this call (zeros for a new sequence).
+    /// Returns `(y [B, T, C], new_state)`; positions `t ≥ lens[b]` are padding.
+    fn causal_conv1d(
+        x: Tensor<Self, 3>,
+        weight: Tensor<Self, 2>,
+        bias: Option<Tensor<Self, 1>>,
+        state: Tensor<Self, 3>,
+        lens: &[usize],
+    ) -> (Tensor<Self, 3>, Tensor<Self, 3>);
+
+    /// The Mamba2 selective scan with the D skip, per head `h` of group `g = h / (H/G)`:
+    /// `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`.
+    /// `x`: `[B, T, H, P]`; `dt`: `[B, T, H]` (after softplus); `a`: `[H]` (= −exp(A_log));
+    /// `b`, `c`: `[B, T, G, N]`; `d`: `[H]`; `state`: `[B, H, P, N]`.
+    /// Returns `(y [B, T, H, P], new_state)`; positions `t ≥ lens[b]` leave the state untouched.
+    #[allow(clippy::too_many_arguments)]
+    fn selective_scan(
+        x: Tensor<Self, 4>,
+        dt: Tensor<Self, 3>,
+        a: Tensor<Self, 1>,
+        b: Tensor<Self, 4>,
+        c: Tensor<Self, 4>,
+        d: Tensor<Self, 1>,
+        state: Tensor<Self, 4>,
+        lens: &[usize],
+    ) -> (Tensor<Self, 4>, Tensor<Self, 4>);
+}

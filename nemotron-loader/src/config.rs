@@ -434,9 +434,12 @@ fn check_dt_limit(v: &Value) -> Result<()> {
         Value::Null => true,
         Value::Array(a) if a.len() == 2 => {
             let lo = a[0].as_f64();
-            let hi_inf = a[1].is_null()
-                || a[1].as_f64().is_some_and(|x| x.is_infinite())
-                || a[1].as_str() == Some("inf");
+            // transformers ≥ 5.2x writes `{"__float__": "Infinity"}`; Python's json module a bare
+            // `Infinity` (read as "inf").
+            let hi = a[1].get("__float__").unwrap_or(&a[1]);
+            let hi_inf = hi.is_null()
+                || hi.as_f64().is_some_and(|x| x.is_infinite())
+                || matches!(hi.as_str(), Some("inf" | "Infinity"));
             lo == Some(0.0) && hi_inf
         }
         _ => false,

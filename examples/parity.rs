@@ -1,0 +1,122 @@
+//! Writes the logits other tools compare against:
+//!
+//! `cargo run --release --example parity -- --model DIR --prompt-ids 3,5,7 [--force-ids 9,11,13]
+//!  --out FILE.safetensors [--backend ndarray] [--dtype f32]`
+//!
+//! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt) and
+//! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
+//! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache.
+//! Bad arguments or a bad checkpoint: one line on stderr and exit 1.
+
+use burn::tensor::Tensor;
+use clap::Parser;
+use nemotron::kernels::NemotronBackend;
+use nemotron::model::NemotronH;
+use safetensors::{serialize_to_file, Dtype, View};
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(about = "Prefill and teacher-forced decode logits of a NemotronH checkpoint")]
+struct Args {
+    #[arg(long)]
+    model: PathBuf,
+    /// Comma-separated prompt token ids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    prompt_ids: Vec<u32>,
+    /// Comma-separated ids fed one by one after the prompt.
+    #[arg(long, value_delimiter = ',')]
+    force_ids: Vec<u32>,
+    #[arg(long)]
+    out: PathBuf,
+    /// ndarray (host reference)
+    #[arg(long, default_value = "ndarray")]
+    backend: String,
+    /// f32
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+}
+
+struct F32s(Vec<f32>, Vec<usize>);
+
+impl View for &F32s {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Owned(self.0.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+    fn data_len(&self) -> usize {
+        self.0.len() * 4
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let r = match (args.backend.as_str(), args.dtype.as_str()) {
+        ("ndarray", "f32") => run::<burn::backend::NdArray<f32>>(&args, &Default::default()),
+        ("ndarray", d) => Err(format!(
+            "--dtype {d} is not available on ndarray (the host reference computes in f32)"
+        )),
+        (b, _) => Err(format!(
+            "--backend {b} is not available in this build (available: ndarray)"
+        )),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn host<B: NemotronBackend>(t: Tensor<B, 2>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec()
+        .expect("f32 logits")
+}
+
+fn run<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), String> {
+    let m = NemotronH::<B>::load(&a.model, dev).map_err(|e| e.to_string())?;
+    let v = m.config.vocab_size;
+    if let Some(bad) = a
+        .prompt_ids
+        .iter()
+        .chain(&a.force_ids)
+        .find(|&&i| i as usize >= v)
+    {
+        return Err(format!("token id {bad} is outside the vocabulary ({v})"));
+    }
+    let t = a.prompt_ids.len();
+    let mut s = m.new_state();
+    let prefill = host(
+        m.forward_one(&a.prompt_ids, &mut s)
+            .map_err(|e| e.to_string())?,
+    );
+
+    let n = a.force_ids.len();
+    let mut decode = Vec::with_capacity(n * v);
+    if n > 0 {
+        let mut s = m.new_state();
+        let first = m
+            .forward_one(&a.prompt_ids, &mut s)
+            .map_err(|e| e.to_string())?;
+        decode.extend(nemotron::model::generate::last_row(first));
+        for &id in &a.force_ids[..n - 1] {
+            decode.extend(host(
+                m.forward_one(&[id], &mut s).map_err(|e| e.to_string())?,
+            ));
+        }
+    }
+    let p = F32s(prefill, vec![t, v]);
+    let d = F32s(decode, vec![n, v]);
+    serialize_to_file(
+        [("prefill_logits", &p), ("decode_logits", &d)],
+        None,
+        &a.out,
+    )
+    .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The math of each op in plain Rust over row-major f32 slices, written to follow the model
+//! description as literally as possible. The NdArray backend runs these; device kernels are tested
+//! against them.
+
+use crate::{Fp8Matrix, Nvfp4Matrix, ScanDims};
+use nemotron_formats as fmt;
+
+/// Runs `f(row_range)` over `n` rows split across the machine's cores, collecting each part.
+fn par_rows<T: Send>(n: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(n.max(1));
+    if threads <= 1 || n < 64 {
+        return f(0..n);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let f = &f;
+                s.spawn(move || f((t * per).min(n)..((t + 1) * per).min(n)))
+            })
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().expect("worker"))
+            .collect()
+    })
+}
+
+/// `y[m, n] = Σ_k x[m, k] · W[n, k]` for `x` of `rows × k` and `W` given row by row by
+/// `dequant_row(n, &mut buf)`. Output is `rows × out`.
+fn matmul_rows(
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    out: usize,
+    dequant_row: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<f32> {
+    // Each worker owns a range of output features (weight rows): dequantize once, dot with all x.
+    let cols: Vec<Vec<f32>> = par_rows(out, |range| {
+        let mut w = vec![0f32; k];
+        range
+            .map(|n| {
+                dequant_row(n, &mut w);
+                (0..rows)
+                    .map(|m| dot(&x[m * k..(m + 1) * k], &w))
+                    .collect::<Vec<f32>>()
+            })
+            .collect()
+    });
+    let mut y = vec![0f32; rows * out];
+    for (n, col) in cols.iter().enumerate() {
+        for m in 0..rows {
+            y[m * out + n] = col[m];
+        }
+    }
+    y
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// NVFP4 weight-only linear.
+pub fn nvfp4_linear(x: &[f32], rows: usize, w: &Nvfp4Matrix) -> Vec<f32> {
+    let k = w.in_features;
+    assert_eq!(
+        x.len(),
+        rows * k,
+        "nvfp4_linear: x is not rows × in_features"
+    );
+    let nb = k / fmt::NVFP4_BLOCK;
+    matmul_rows(x, rows, k, w.out_features, |n, buf| {
+        fmt::nvfp4_dequant_row(
+            &w.packed[n * k / 2..(n + 1) * k / 2],
+            &w.block_scales[n * nb..(n + 1) * nb],
+            w.global_scale,
+            buf,
+        )
+    })
+}
+
+/// Static per-tensor FP8 W8A8 linear (vLLM's ModelOpt FP8 path): the activation is quantized
+/// with the static input scale, the E4M3 products are accumulated, then scaled once.
+pub fn fp8_linear(x: &[f32], rows: usize, w: &Fp8Matrix) -> Vec<f32> {
+    let k = w.in_features;
+    assert_eq!(x.len(), rows * k, "fp8_linear: x is not rows × in_features");
+    let xq: Vec<f32> = x
+        .iter()
+        .map(|&v| fp8_quantize_value(v, w.input_scale))
+        .collect();
+    let scale = w.input_scale * w.weight_scale;
+    let mut y = matmul_rows(&xq, rows, k, w.out_features, |n, buf| {
+        fmt::fp8_dequant_row(&w.weight[n * k..(n + 1) * k], 1.0, buf)
+    });
+    y.iter_mut().for_each(|v| *v *= scale);
+    y
+}
+
+/// `e4m3(clamp(v / scale, ±448))` as its f32 value (the quantized activation, unscaled).
+pub fn fp8_quantize_value(v: f32, scale: f32) -> f32 {
+    fmt::e4m3_to_f32(fmt::f32_to_e4m3(
+        (v / scale).clamp(-fmt::E4M3_MAX, fmt::E4M3_MAX),
+    ))
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+/// Causal depthwise conv + bias + SiLU. Shapes as in [`crate::NemotronBackend::causal_conv1d`].
+#[allow(clippy::too_many_arguments)]
+pub fn causal_conv1d(
+    x: &[f32],
+    batch: usize,
+    t_max: usize,
+    ch: usize,
+    weight: &[f32],
+    k: usize,
+    bias: Option<&[f32]>,
+    state: &[f32],
+    lens: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(lens.len(), batch);
+    let km1 = k - 1;
+    let mut y = vec![0f32; batch * t_max * ch];
+    let mut new_state = vec![0f32; batch * ch * km1];
+    for b in 0..batch {
+        let len = lens[b];
+        assert!(len <= t_max, "sequence length {len} exceeds T {t_max}");
+        // The input at "time" j, where j < 0 reaches into the cached tail.
+        let input = |j: isize, c: usize| -> f32 {
+            if j >= 0 {
+                x[(b * t_max + j as usize) * ch + c]
+            } else {
+                let s = (km1 as isize + j) as usize; // state column: oldest first
+                state[(b * ch + c) * km1 + s]
+            }
+        };
+        for t in 0..len {
+            for c in 0..ch {
+                let mut acc = bias.map_or(0.0, |bb| bb[c]);
+                for kk in 0..k {
+                    let j = t as isize - (km1 - kk) as isize;
+                    acc += weight[c * k + kk] * input(j, c);
+                }
+                y[(b * t_max + t) * ch + c] = silu(acc);
+            }
+        }
+        for c in 0..ch {
+            for s in 0..km1 {
+                let j = len as isize - km1 as isize + s as isize;
+                new_state[(b * ch + c) * km1 + s] = input(j, c);
+            }
+        }
+    }
+    (y, new_state)
+}
+
+/// The selective scan, token by token. Shapes as in [`crate::NemotronBackend::selective_scan`].
+#[allow(clippy::too_many_arguments)]
+pub fn selective_scan(
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    bm: &[f32],
+    cm: &[f32],
+    d: &[f32],
+    state: &[f32],
+    batch: usize,
+    t_max: usize,
+    dims: ScanDims,
+    lens: &[usize],
+) -> (Vec<f32>, Vec<f32>) {
+    let ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    } = dims;
+    let per_group = h / g;
+    let mut s = state.to_vec();
+    let mut y = vec![0f32; batch * t_max * h * p];
+    for b in 0..batch {
+        for t in 0..lens[b] {
+            for hh in 0..h {
+                let gg = hh / per_group;
+                let dtv = dt[(b * t_max + t) * h + hh];
+                let decay = (dtv * a[hh]).exp();
+                let bvec = &bm[((b * t_max + t) * g + gg) * n..][..n];
+                let cvec = &cm[((b * t_max + t) * g + gg) * n..][..n];
+                for pp in 0..p {
+                    let xv = x[((b * t_max + t) * h + hh) * p + pp];
+                    let srow = &mut s[((b * h + hh) * p + pp) * n..][..n];
+                    let mut acc = 0f32;
+                    for nn in 0..n {
+                        srow[nn] = decay * srow[nn] + dtv * xv * bvec[nn];
+                        acc += srow[nn] * cvec[nn];
+                    }
+                    y[((b * t_max + t) * h + hh) * p + pp] = acc + d[hh] * xv;
+                }
+            }
+        }
+    }
+    (y, s)
+}

@@ -1,0 +1,129 @@
+//! GQA causal attention without positional encoding (NemotronH has no RoPE).
+
+use crate::cache::{LayerState, SequenceState};
+use crate::linear::Linear;
+use crate::util::from_vec;
+use burn::tensor::{activation::softmax, Bool, Tensor, TensorData};
+use nemotron_kernels::NemotronBackend;
+
+#[derive(Debug, Clone)]
+pub struct Attention<B: NemotronBackend> {
+    pub q: Linear<B>,
+    pub k: Linear<B>,
+    pub v: Linear<B>,
+    pub o: Linear<B>,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// FP8 KV-cache scales shipped with the checkpoint. The cache here is kept in the activation
+    /// dtype, so they are not applied (recorded for the report and for an FP8 cache later).
+    pub kv_scales: Option<(f32, f32)>,
+}
+
+impl<B: NemotronBackend> Attention<B> {
+    pub fn forward(
+        &self,
+        h: Tensor<B, 3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState<B>],
+        layer: usize,
+        rope_theta: Option<f32>,
+    ) -> Tensor<B, 3> {
+        let [bsz, t, _] = h.dims();
+        let dev = h.device();
+        let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let q = self.q.forward(h.clone());
+        let k = self.k.forward(h.clone());
+        let v = self.v.forward(h);
+        let scale = (hd as f64).powf(-0.5);
+        let mut outs = Vec::with_capacity(bsz);
+        for (b, st) in states.iter_mut().enumerate() {
+            let len = lens[b];
+            let past = st.position;
+            let per_head = |x: Tensor<B, 3>, heads: usize| -> Tensor<B, 3> {
+                x.slice_dim(0, b..b + 1)
+                    .slice_dim(1, 0..len)
+                    .reshape([len, heads, hd])
+                    .swap_dims(0, 1)
+            };
+            let mut qb = per_head(q.clone(), nh);
+            let mut kb = per_head(k.clone(), kvh);
+            let vb = per_head(v.clone(), kvh);
+            if let Some(theta) = rope_theta {
+                qb = rope(qb, past, theta);
+                kb = rope(kb, past, theta);
+            }
+            let LayerState::Attention { k: kc, v: vc } = &mut st.layers[layer] else {
+                panic!("layer {layer} holds no attention state")
+            };
+            let kall = match kc.take() {
+                Some(prev) => Tensor::cat(vec![prev, kb], 1),
+                None => kb,
+            };
+            let vall = match vc.take() {
+                Some(prev) => Tensor::cat(vec![prev, vb], 1),
+                None => vb,
+            };
+            *kc = Some(kall.clone());
+            *vc = Some(vall.clone());
+            let s = past + len;
+            // Query head i reads kv head i / (nh / kvh).
+            let rep = nh / kvh;
+            let expand = |x: Tensor<B, 3>| -> Tensor<B, 3> {
+                x.unsqueeze_dim::<4>(1)
+                    .expand([kvh, rep, s, hd])
+                    .reshape([nh, s, hd])
+            };
+            let scores = qb.matmul(expand(kall).swap_dims(1, 2)) * scale;
+            let mask: Vec<bool> = (0..len)
+                .flat_map(|i| (0..s).map(move |j| j > past + i))
+                .collect();
+            let mask = Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
+                .unsqueeze::<3>()
+                .expand([nh, len, s]);
+            let probs = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 2);
+            let o = probs
+                .matmul(expand(vall))
+                .swap_dims(0, 1)
+                .reshape([len, nh * hd]);
+            let o = if len < t {
+                Tensor::cat(vec![o, Tensor::zeros([t - len, nh * hd], &dev)], 0)
+            } else {
+                o
+            };
+            outs.push(o);
+        }
+        self.o.forward(Tensor::stack::<3>(outs, 0))
+    }
+}
+
+/// Rotary embedding over the full head dim (half-split convention) — only for the RoPE deviation.
+fn rope<B: NemotronBackend>(x: Tensor<B, 3>, start: usize, theta: f32) -> Tensor<B, 3> {
+    let [h, len, hd] = x.dims();
+    let half = hd / 2;
+    let dev = x.device();
+    let mut cos = Vec::with_capacity(len * half);
+    let mut sin = Vec::with_capacity(len * half);
+    for pos in start..start + len {
+        for i in 0..half {
+            let f = pos as f32 * theta.powf(-2.0 * i as f32 / hd as f32);
+            cos.push(f.cos());
+            sin.push(f.sin());
+        }
+    }
+    let cos = from_vec::<B, 2>(cos, [len, half], &dev)
+        .unsqueeze::<3>()
+        .expand([h, len, half]);
+    let sin = from_vec::<B, 2>(sin, [len, half], &dev)
+        .unsqueeze::<3>()
+        .expand([h, len, half]);
+    let x1 = x.clone().slice_dim(2, 0..half);
+    let x2 = x.slice_dim(2, half..hd);
+    Tensor::cat(
+        vec![
+            x1.clone() * cos.clone() - x2.clone() * sin.clone(),
+            x2 * cos + x1 * sin,
+        ],
+        2,
+    )
+}
