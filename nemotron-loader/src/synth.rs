@@ -72,6 +72,35 @@ impl Geometry {
         }
     }
 
+    /// About 115 M parameters (vocab 32000, hidden 768, 12 layers of every mixer but `-`), for
+    /// host benchmarks.
+    pub fn small_100m() -> Self {
+        Geometry {
+            vocab_size: 32000,
+            hidden_size: 768,
+            pattern: "MEM*EMEM*EME".into(),
+            mamba_num_heads: 24,
+            mamba_head_dim: 32,
+            ssm_state_size: 64,
+            n_groups: 2,
+            conv_kernel: 4,
+            chunk_size: 64,
+            num_attention_heads: 12,
+            num_key_value_heads: 4,
+            head_dim: 64,
+            n_routed_experts: 16,
+            num_experts_per_tok: 4,
+            moe_intermediate_size: 384,
+            moe_shared_expert_intermediate_size: 768,
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 2.5,
+            intermediate_size: 1536,
+            mtp_pattern: String::new(),
+            norm_eps: 1e-5,
+        }
+    }
+
     /// Nemotron 3 Nano 30B-A3B (no MTP).
     pub fn nano_30b() -> Self {
         Geometry {

@@ -28,7 +28,7 @@ impl<B: NemotronBackend> Linear<B> {
     pub fn from_weight(w: LinearWeight, dev: &B::Device) -> Result<Self, ModelError> {
         Ok(match w {
             LinearWeight::Dense(t) => {
-                Linear::Dense(crate::util::to_tensor::<B, 2>(&t, dev).transpose())
+                Linear::Dense(crate::util::to_tensor_transposed::<B>(&t, dev))
             }
             LinearWeight::Nvfp4(n) => {
                 let (in_features, out_features) = (n.in_features, n.out_features);
@@ -109,7 +109,7 @@ impl<B: NemotronBackend> Linear<B> {
                     row,
                 );
             }
-            *dequant = Some(crate::util::from_vec::<B, 2>(v, [w.out_features, k], dev).transpose());
+            *dequant = Some(crate::util::from_vec::<B, 2>(crate::util::transpose(&v, w.out_features, k), [k, w.out_features], dev));
         }
     }
 }

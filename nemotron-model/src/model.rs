@@ -9,7 +9,7 @@ use crate::mamba2::Mamba2;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::norm::{GatedRmsNorm, RmsNorm};
-use crate::util::{from_vec, to_tensor};
+use crate::util::{from_vec, to_tensor, to_tensor_transposed};
 use crate::Deviations;
 use burn::tensor::{Int, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
@@ -54,7 +54,7 @@ impl<B: NemotronBackend> NemotronH<B> {
         };
         let lm_head = match weights.lm_head {
             Some(w) => Linear::from_weight(w, dev)?,
-            None => Linear::Dense(embeddings.clone().transpose()),
+            None => Linear::Dense(to_tensor_transposed::<B>(&weights.embeddings, dev)),
         };
         let mut layers = Vec::with_capacity(weights.layers.len());
         for lw in weights.layers {
@@ -103,7 +103,7 @@ impl<B: NemotronBackend> NemotronH<B> {
                         None => None,
                     };
                     Mixer::Moe(Moe {
-                        router_t: to_tensor::<B, 2>(&m.router, dev).transpose(),
+                        router_t: to_tensor_transposed::<B>(&m.router, dev),
                         correction_bias: to_tensor(&m.correction_bias, dev),
                         experts,
                         shared,

@@ -33,3 +33,27 @@ pub fn relu2<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     let r = burn::tensor::activation::relu(x);
     r.clone() * r
 }
+
+/// A float host matrix `[rows, cols]` as a contiguous `[cols, rows]` Burn tensor (a transposed
+/// view would be re-laid out by every matmul on some backends).
+pub fn to_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
+    let v = t.to_f32_vec().unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
+    let (r, c) = (t.shape[0], t.shape[1]);
+    Tensor::from_data(TensorData::new(transpose(&v, r, c), [c, r]), dev)
+}
+
+/// Row-major `[r, c]` → `[c, r]`.
+pub fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
+    let mut out = vec![0f32; v.len()];
+    const BLK: usize = 64;
+    for i0 in (0..r).step_by(BLK) {
+        for j0 in (0..c).step_by(BLK) {
+            for i in i0..(i0 + BLK).min(r) {
+                for j in j0..(j0 + BLK).min(c) {
+                    out[j * r + i] = v[i * c + j];
+                }
+            }
+        }
+    }
+    out
+}
