@@ -57,7 +57,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 g => return Err(format!("unknown --geometry {g:?}").into()),
             };
             let t = tempfile::tempdir()?;
-            let opts = SynthOptions { recipe: SynthRecipe::Bf16, seed: 1, max_shard_bytes: 0, misalign: false };
+            let opts = SynthOptions {
+                recipe: SynthRecipe::Bf16,
+                seed: 1,
+                max_shard_bytes: 0,
+                misalign: false,
+            };
             write_checkpoint(t.path(), &geom, &opts)?;
             let p = t.path().to_path_buf();
             _tmp = t;
@@ -68,7 +73,9 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let m = NemotronH::<B>::load(&dir, &dev)?;
     let params: u64 = m.report.as_ref().map_or(0, |r| r.host_bytes / 2);
     let v = m.config.vocab_size;
-    let prompt: Vec<u32> = (0..a.prompt_len).map(|i| ((i * 7919 + 13) % v) as u32).collect();
+    let prompt: Vec<u32> = (0..a.prompt_len)
+        .map(|i| ((i * 7919 + 13) % v) as u32)
+        .collect();
     let (mut pre, mut dec) = (vec![], vec![]);
     for r in 0..=a.repeats {
         let mut s = m.new_state();
@@ -87,7 +94,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let (p, d) = (median(pre), median(dec));
-    println!("model: {label}, {} layers ({}), ~{:.1} M params (bf16 bytes / 2)", m.layers.len(), m.config.pattern(), params as f64 / 1e6);
+    println!(
+        "model: {label}, {} layers ({}), ~{:.1} M params (bf16 bytes / 2)",
+        m.layers.len(),
+        m.config.pattern(),
+        params as f64 / 1e6
+    );
     println!("nemotron-rs NdArray f32: prefill {p:.1} tok/s ({} tokens), decode {d:.2} tok/s ({} steps), median of {}", a.prompt_len, a.decode, a.repeats);
     if a.no_hf {
         println!("HF transformers: skipped (--no-hf)");
@@ -95,22 +107,45 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/hf_bench.py");
     let out = Command::new("python3")
-        .args([script, dir.to_str().unwrap(), "--prompt-len", &a.prompt_len.to_string(), "--decode", &a.decode.to_string(), "--repeats", &a.repeats.to_string()])
+        .args([
+            script,
+            dir.to_str().unwrap(),
+            "--prompt-len",
+            &a.prompt_len.to_string(),
+            "--decode",
+            &a.decode.to_string(),
+            "--repeats",
+            &a.repeats.to_string(),
+        ])
         .output();
     match out {
         Ok(o) if o.status.success() => {
             let line = String::from_utf8_lossy(&o.stdout);
-            let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("")).map_err(|e| format!("HF bench output: {e}"))?;
-            let (hp, hd) = (j["prefill_tok_s"].as_f64().unwrap_or(0.0), j["decode_tok_s"].as_f64().unwrap_or(0.0));
+            let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
+                .map_err(|e| format!("HF bench output: {e}"))?;
+            let (hp, hd) = (
+                j["prefill_tok_s"].as_f64().unwrap_or(0.0),
+                j["decode_tok_s"].as_f64().unwrap_or(0.0),
+            );
             println!(
                 "HF transformers {} (torch {}, {} threads, CPU f32): prefill {hp:.1} tok/s, decode {hd:.2} tok/s",
                 j["transformers"].as_str().unwrap_or("?"),
                 j["torch"].as_str().unwrap_or("?"),
                 j["threads"]
             );
-            println!("ratio nemotron-rs / HF: prefill {:.2}x, decode {:.2}x", p / hp, d / hd);
+            println!(
+                "ratio nemotron-rs / HF: prefill {:.2}x, decode {:.2}x",
+                p / hp,
+                d / hd
+            );
         }
-        Ok(o) => println!("HF transformers: NOT MEASURED (python3 {script} failed: {})", String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")),
+        Ok(o) => println!(
+            "HF transformers: NOT MEASURED (python3 {script} failed: {})",
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        ),
         Err(e) => println!("HF transformers: NOT MEASURED (python3 not runnable: {e})"),
     }
     Ok(())

@@ -1,35 +1,71 @@
-//! Generates tokens with NemotronH on the host reference (NdArray, f32).
+//! Text generation with NemotronH.
 //!
-//! `cargo run --release --example generate` writes a tiny synthetic checkpoint to a temporary
-//! directory and generates from it; `--model DIR` loads a real checkpoint directory.
-//! Prints the generated token ids and tokens/s.
+//! `cargo run --release --example generate` — no arguments: writes a tiny synthetic checkpoint
+//! (random weights, no tokenizer) to a temporary directory and prints generated token ids.
+//!
+//! `cargo run --release --example generate -- --model DIR --prompt "Why is the sky blue?" --chat
+//!  [--system TEXT] [--reasoning on|off] [--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0.05
+//!  --repetition-penalty 1.1 --seed 1] [--max-new-tokens 256] [--backend ndarray] [--dtype f32]`
+//!
+//! DIR is a Hugging Face checkpoint directory (`config.json`, safetensors, `tokenizer.json`,
+//! `tokenizer_config.json` with `chat_template`, `generation_config.json`). Output streams to stdout;
+//! a progress bar (stderr) shows the load and long prefills when stdout is a terminal. Sampling
+//! flags default to `generation_config.json` (greedy when it does not sample); temperature 0 is
+//! greedy. Generation stops on every EOS id of `generation_config.json`. Errors: one line, exit 1.
 
 use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
-use nemotron::model::{NemotronH, Sampling};
+use nemotron::{BackendKind, DType, Error, GenerateOptions, NemotronH, TextModel};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(about = "Generate token ids with NemotronH")]
+#[command(about = "Generate text (or token ids) with NemotronH")]
 struct Args {
-    /// Checkpoint directory; omit to use a tiny synthetic model.
+    /// Checkpoint directory; omit to use a tiny synthetic model (token ids only).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Comma-separated prompt token ids.
-    #[arg(long, value_delimiter = ',', default_value = "1,17,42,99,7")]
+    /// Text prompt (needs tokenizer.json).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Comma-separated prompt token ids (instead of --prompt).
+    #[arg(long, value_delimiter = ',')]
     prompt_ids: Vec<u32>,
-    #[arg(long, default_value_t = 32)]
+    /// Wrap the prompt in the checkpoint's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long)]
+    system: Option<String>,
+    /// The template's reasoning switch (`enable_thinking`): on | off.
+    #[arg(long)]
+    reasoning: Option<String>,
+    #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
+    /// 0 = greedy. Default: generation_config.json.
+    #[arg(long)]
+    temperature: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Context limit (prompt + output); default: the config's max_position_embeddings.
+    #[arg(long)]
+    context_length: Option<usize>,
+    /// ndarray | cuda | wgpu
+    #[arg(long, default_value = "ndarray")]
+    backend: String,
+    /// f32 | bf16
+    #[arg(long, default_value = "f32")]
+    dtype: String,
 }
 
 type B = burn::backend::NdArray<f32>;
@@ -41,59 +77,182 @@ fn main() {
     }
 }
 
-fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
-    let _tmp;
-    let dir = match a.model {
-        Some(d) => d,
-        None => {
-            let t = tempfile::tempdir()?;
-            let opts = SynthOptions {
-                recipe: SynthRecipe::LightningMixed,
-                seed: 1,
-                max_shard_bytes: 0,
-                misalign: false,
-            };
-            write_checkpoint(t.path(), &Geometry::tiny(), &opts)?;
-            eprintln!("no --model: using a tiny synthetic Lightning-style checkpoint (random weights) in {}", t.path().display());
-            let p = t.path().to_path_buf();
-            _tmp = t;
-            p
+fn bar(total: u64, msg: &str) -> ProgressBar {
+    if !std::io::stdout().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {pos_msg} ({eta})")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+fn run(a: Args) -> Result<(), Error> {
+    let backend: BackendKind = a.backend.parse()?;
+    let dtype: DType = a.dtype.parse()?;
+    backend.check(dtype)?;
+    let reasoning = match a.reasoning.as_deref() {
+        None => None,
+        Some("on" | "true") => Some(true),
+        Some("off" | "false") => Some(false),
+        Some(x) => {
+            return Err(Error::Unavailable(format!(
+                "--reasoning {x:?}: expected on or off"
+            )))
         }
     };
     let dev = Default::default();
+    let Some(dir) = a.model.clone() else {
+        return run_synthetic(&a, &dev);
+    };
+    if a.prompt.is_none() {
+        if a.prompt_ids.is_empty() {
+            return Err(Error::Unavailable(
+                "give --prompt TEXT (or --prompt-ids 1,2,3)".into(),
+            ));
+        }
+        let m = NemotronH::<B>::load(&dir, &dev)?;
+        return generate_ids(&m, &a);
+    }
+
     let t0 = Instant::now();
-    let m = NemotronH::<B>::load(&dir, &dev)?;
+    let pb = bar(0, "loading");
+    let tm = TextModel::<B>::load_with_progress(&dir, &dev, |p| {
+        pb.set_length(p.bytes_total);
+        pb.set_position(p.bytes_done);
+    })?;
+    pb.finish_and_clear();
     eprintln!(
-        "loaded {} layers ({}) in {:.2} s",
-        m.layers.len(),
-        m.config.pattern(),
+        "loaded {} ({} layers) in {:.1} s",
+        dir.display(),
+        tm.model.layers.len(),
         t0.elapsed().as_secs_f64()
     );
-    let s = Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-        stop_ids: m.config.eos_token_ids.clone(),
+
+    let user = a.prompt.clone().unwrap_or_default();
+    let prompt = if a.chat {
+        tm.chat_prompt(a.system.as_deref(), &user, reasoning)?
+    } else {
+        if a.system.is_some() || reasoning.is_some() {
+            return Err(Error::Unavailable(
+                "--system and --reasoning need --chat".into(),
+            ));
+        }
+        user
     };
-    println!("prompt: {:?}", a.prompt_ids);
-    let t1 = Instant::now();
+    let mut opts = tm.default_options(a.max_new_tokens);
+    apply_sampling(&mut opts, &a);
+    opts.max_context = a.context_length.or(opts.max_context);
+    let pb = bar(0, "prefill");
+    let mut out = std::io::stdout();
+    let r = tm.generate_text_with_progress(
+        &prompt,
+        opts,
+        |piece| {
+            pb.finish_and_clear();
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        },
+        |done, total| {
+            if total > 512 {
+                pb.set_length(total as u64);
+                pb.set_position(done as u64);
+            }
+        },
+    )?;
+    println!();
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s; generation: {} tokens, {:.1} tok/s; stop: {:?}",
+        r.prompt_tokens,
+        r.prompt_tokens_per_second(),
+        r.tokens.len(),
+        r.generation_tokens_per_second(),
+        r.stop
+    );
+    Ok(())
+}
+
+fn apply_sampling(opts: &mut GenerateOptions, a: &Args) {
+    let s = &mut opts.sampling;
+    if let Some(t) = a.temperature {
+        s.temperature = t;
+    }
+    if let Some(k) = a.top_k {
+        s.top_k = k;
+    }
+    if let Some(p) = a.top_p {
+        s.top_p = p;
+    }
+    if let Some(p) = a.min_p {
+        s.min_p = p;
+    }
+    if let Some(r) = a.repetition_penalty {
+        s.repetition_penalty = r;
+    }
+    s.seed = a.seed;
+}
+
+fn run_synthetic(
+    a: &Args,
+    dev: &<B as burn::tensor::backend::BackendTypes>::Device,
+) -> Result<(), Error> {
+    if a.prompt.is_some() || a.chat {
+        return Err(Error::Unavailable("the embedded synthetic model has no tokenizer: pass --model DIR for text, or --prompt-ids".into()));
+    }
+    let t = tempfile::tempdir().map_err(|e| Error::Unavailable(format!("temp dir: {e}")))?;
+    let opts = SynthOptions {
+        recipe: SynthRecipe::LightningMixed,
+        seed: 1,
+        max_shard_bytes: 0,
+        misalign: false,
+    };
+    write_checkpoint(t.path(), &Geometry::tiny(), &opts)?;
+    eprintln!("no --model: a tiny synthetic Lightning-style checkpoint (random weights, no tokenizer) in {}", t.path().display());
+    let m = NemotronH::<B>::load(t.path(), dev)?;
+    generate_ids(&m, a)
+}
+
+fn generate_ids(m: &NemotronH<B>, a: &Args) -> Result<(), Error> {
+    let prompt = if a.prompt_ids.is_empty() {
+        vec![1, 17, 42, 99, 7]
+    } else {
+        a.prompt_ids.clone()
+    };
+    let mut opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        stop_ids: m.config.eos_token_ids.clone(),
+        ..Default::default()
+    };
+    apply_sampling(&mut opts, a);
+    opts.max_context = a.context_length;
+    println!("prompt ids: {prompt:?}");
+    let t0 = Instant::now();
+    let mut g = m.generator(&prompt, opts)?;
+    g.prefill(|_, _| {})?;
+    let mut out = vec![];
     let mut first = None;
-    let out = m.generate(&a.prompt_ids, a.max_new_tokens, &s, |_| {
+    print!("generated ids:");
+    for t in &mut g {
+        let t = t?;
         first.get_or_insert_with(Instant::now);
-    })?;
-    let total = t1.elapsed().as_secs_f64();
-    println!("generated: {out:?}");
-    let prefill = first.map_or(total, |f| f.duration_since(t1).as_secs_f64());
-    let decode = total - prefill;
-    println!(
-        "prompt {} tokens in {:.3} s ({:.1} tok/s); {} new tokens in {:.3} s ({:.1} tok/s after the first)",
-        a.prompt_ids.len(),
-        prefill,
-        a.prompt_ids.len() as f64 / prefill,
+        print!(" {t}");
+        let _ = std::io::stdout().flush();
+        out.push(t);
+    }
+    println!();
+    let end = Instant::now();
+    let first = first.unwrap_or(end);
+    eprintln!(
+        "prompt: {} tokens, {:.1} tok/s; generation: {} tokens, {:.1} tok/s; stop: {:?}",
+        prompt.len(),
+        prompt.len() as f64 / (first - t0).as_secs_f64().max(1e-9),
         out.len(),
-        total,
-        (out.len().saturating_sub(1)) as f64 / decode.max(1e-9)
+        out.len().saturating_sub(1) as f64 / (end - first).as_secs_f64().max(1e-9),
+        g.stop_reason()
     );
     Ok(())
 }

@@ -11,6 +11,16 @@ muts = [
   "let decay = (dtv * a[hh]).exp();", "let decay = a[hh].exp();", "hf_parity"),
  ("routing weights not renormalized", "nemotron-model/src/moe.rs",
   "if c.norm_topk_prob {", "if false && c.norm_topk_prob {", "hf_parity"),
+  ("top-k keeps one too many", "nemotron-model/src/generate.rs",
+  "idx.truncate(s.top_k);", "idx.truncate(s.top_k + 1);", "generation"),
+ ("top-p drops the token that crosses p", "nemotron-model/src/generate.rs",
+  ".map_or(p.len(), |k| k + 1);", ".map_or(p.len(), |k| k.max(1));", "generation"),
+ ("stop ids ignored", "nemotron-model/src/generate.rs",
+  "if self.opts.stop_ids.contains(&tok) {", "if false && self.opts.stop_ids.contains(&tok) {", "generation"),
+ ("stream releases incomplete characters", "src/text.rs",
+  "&& !text.ends_with('\\u{FFFD}')", "", "generation"),
+ ("batch ignores per-sequence seeds", "nemotron-model/src/generate.rs",
+  "o.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);", "o.sampling.seed = opts.sampling.seed;", "generation"),
 ]
 for name, path, old, new, test in muts:
     s = open(path).read()

@@ -134,6 +134,9 @@ pub struct NemotronHConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub pad_token_id: Option<u32>,
+    /// The trained context length, when the config states it (nothing in the math depends on it:
+    /// there is no positional encoding); generation uses it as the default context limit.
+    pub max_position_embeddings: Option<usize>,
 }
 
 impl NemotronHConfig {
@@ -423,6 +426,7 @@ impl NemotronHConfig {
             bos_token_id: f.opt_usize("bos_token_id")?.map(|x| x as u32),
             eos_token_ids,
             pad_token_id: f.opt_usize("pad_token_id")?.map(|x| x as u32),
+            max_position_embeddings: f.opt_usize("max_position_embeddings")?,
         })
     }
 }

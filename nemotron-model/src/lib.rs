@@ -4,10 +4,10 @@
 //!
 //! ```no_run
 //! use burn::backend::NdArray;
-//! use nemotron_model::{NemotronH, Sampling};
+//! use nemotron_model::{GenerateOptions, NemotronH};
 //! let device = Default::default();
 //! let model = NemotronH::<NdArray<f32>>::load("/models/nemotron", &device)?;
-//! let out = model.generate(&[1, 2, 3], 16, &Sampling::greedy(), |_| {})?;
+//! let out = model.generate(&[1, 2, 3], GenerateOptions::default(), |tok| print!("{tok} "))?;
 //! # Ok::<(), nemotron_model::ModelError>(())
 //! ```
 
@@ -28,7 +28,7 @@ mod util;
 pub use cache::SequenceState;
 pub use deviation::Deviations;
 pub use error::ModelError;
-pub use generate::Sampling;
+pub use generate::{GenerateOptions, Generation, Generator, Sampling, StopReason};
 pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;

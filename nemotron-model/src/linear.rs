@@ -109,7 +109,11 @@ impl<B: NemotronBackend> Linear<B> {
                     row,
                 );
             }
-            *dequant = Some(crate::util::from_vec::<B, 2>(crate::util::transpose(&v, w.out_features, k), [k, w.out_features], dev));
+            *dequant = Some(crate::util::from_vec::<B, 2>(
+                crate::util::transpose(&v, w.out_features, k),
+                [k, w.out_features],
+                dev,
+            ));
         }
     }
 }

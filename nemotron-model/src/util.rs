@@ -37,7 +37,9 @@ pub fn relu2<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// A float host matrix `[rows, cols]` as a contiguous `[cols, rows]` Burn tensor (a transposed
 /// view would be re-laid out by every matmul on some backends).
 pub fn to_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
-    let v = t.to_f32_vec().unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
+    let v = t
+        .to_f32_vec()
+        .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
     let (r, c) = (t.shape[0], t.shape[1]);
     Tensor::from_data(TensorData::new(transpose(&v, r, c), [c, r]), dev)
 }

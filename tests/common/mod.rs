@@ -48,3 +48,75 @@ pub fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 pub fn mean_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f32>() / a.len() as f32
 }
+
+/// GPT-2's byte → printable-char map used by ByteLevel tokenizers.
+pub fn byte_char(b: u8) -> char {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for x in 0..256u32 {
+        if !bs.contains(&x) {
+            bs.push(x);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let i = bs.iter().position(|&x| x == b as u32).unwrap();
+    char::from_u32(cs[i]).unwrap()
+}
+
+pub const SPECIALS: [(u32, &str); 4] = [
+    (1, "<s>"),
+    (2, "</s>"),
+    (3, "<|im_start|>"),
+    (4, "<|im_end|>"),
+];
+
+/// A byte-level BPE `tokenizer.json` over a 256-id vocabulary: id = byte, except ids 1–4, which
+/// are the special tokens `<s>`, `</s>`, `<|im_start|>`, `<|im_end|>`. No merges, so every byte
+/// of a multi-byte character is its own token.
+pub fn tokenizer_json() -> serde_json::Value {
+    let mut vocab = serde_json::Map::new();
+    for b in 0..=255u8 {
+        if !(1..=4).contains(&b) {
+            vocab.insert(byte_char(b).to_string(), serde_json::json!(b));
+        }
+    }
+    let mut added = vec![];
+    for (id, s) in SPECIALS {
+        vocab.insert(s.to_string(), serde_json::json!(id));
+        added.push(serde_json::json!({"id": id, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+    }
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}
+    })
+}
+
+/// A chat template in the style of Nemotron's: ChatML turns, optional system turn, and a
+/// reasoning switch (`enable_thinking`) that closes an empty think block when off.
+pub const CHAT_TEMPLATE: &str = concat!(
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content.strip() + '<|im_end|>\\n' }}",
+    "{%- set rest = messages[1:] %}{%- else %}{%- set rest = messages %}{%- endif %}\n",
+    "{%- for m in rest %}{%- if m.role not in ['user', 'assistant'] %}{{- raise_exception('unknown role ' ~ m.role) }}{%- endif %}",
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content.strip() + '<|im_end|>\\n' }}{%- endfor %}\n",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}",
+    "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think></think>' }}{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
+);
+
+/// Adds tokenizer.json, tokenizer_config.json (with the chat template) and generation_config.json
+/// (EOS ids 2 and `extra_eos`) to a checkpoint directory.
+pub fn add_text_files(dir: &std::path::Path, extra_eos: u32) {
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json().to_string()).unwrap();
+    let cfg = serde_json::json!({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let gen = serde_json::json!({"eos_token_id": [2, extra_eos], "do_sample": false});
+    std::fs::write(dir.join("generation_config.json"), gen.to_string()).unwrap();
+}
