@@ -16,68 +16,9 @@
 mod common;
 use common::*;
 use nemotron::model::{Deviations, NemotronH};
-use safetensors::SafeTensors;
-use std::path::PathBuf;
 
 const BAND: f32 = 1e-5;
 const W8A8_BAND: f32 = 0.15;
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
-
-struct Reference {
-    prompt: Vec<u32>,
-    prefill: Vec<f32>,
-    decode_ids: Vec<u32>,
-    decode: Vec<f32>,
-}
-
-fn reference(name: &str, suffix: &str) -> Reference {
-    let buf = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&buf).unwrap();
-    let f32s = |n: &str| -> Vec<f32> {
-        st.tensor(n)
-            .unwrap()
-            .data()
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let ids = |n: &str| -> Vec<u32> {
-        st.tensor(n)
-            .unwrap()
-            .data()
-            .chunks(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
-    };
-    Reference {
-        prompt: ids("prompt_ids"),
-        prefill: f32s(&format!("prefill_logits{suffix}")),
-        decode_ids: ids(&format!("decode_ids{suffix}")),
-        decode: f32s(&format!("decode_logits{suffix}")),
-    }
-}
-
-/// (prefill max |Δ|, decode max |Δ|, logit scale) of a model against a reference.
-fn compare(m: &NemotronH<B>, r: &Reference) -> (f32, f32, f32) {
-    let mut s = m.new_state();
-    let prefill = rows(m.forward_one(&r.prompt, &mut s).unwrap());
-    let (dp, scale) = diff(&prefill, &r.prefill);
-    eprintln!("  prefill mean |Δ| {:.3e}", mean_diff(&prefill, &r.prefill));
-    // Teacher-forced decode: row 0 after the prompt, row i after feeding decode_ids[i-1].
-    let mut s = m.new_state();
-    let mut dec = nemotron::model::generate::last_row(m.forward_one(&r.prompt, &mut s).unwrap());
-    for &id in &r.decode_ids[..r.decode_ids.len() - 1] {
-        dec.extend(rows(m.forward_one(&[id], &mut s).unwrap()));
-    }
-    let (dd, _) = diff(&dec, &r.decode);
-    eprintln!("  decode mean |Δ| {:.3e}", mean_diff(&dec, &r.decode));
-    (dp, dd, scale)
-}
 
 fn check(
     name: &str,

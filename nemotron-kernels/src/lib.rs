@@ -7,6 +7,8 @@
 //! prefill and decode are the same call; batches are right-padded to a common `T` and carry each
 //! sequence's valid length, and padded positions never touch the state.
 
+#[cfg(feature = "cube")]
+pub mod cube;
 pub mod ndarray;
 pub mod reference;
 

@@ -6,6 +6,9 @@ use crate::util::from_vec;
 use burn::tensor::{activation::softmax, Bool, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
 
+/// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
+const MASKED: f32 = -1.0e30;
+
 #[derive(Debug, Clone)]
 pub struct Attention<B: NemotronBackend> {
     pub q: Linear<B>,
@@ -81,7 +84,7 @@ impl<B: NemotronBackend> Attention<B> {
             let mask = Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
                 .unsqueeze::<3>()
                 .expand([nh, len, s]);
-            let probs = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 2);
+            let probs = softmax(scores.mask_fill(mask, MASKED), 2);
             let o = probs
                 .matmul(expand(vall))
                 .swap_dims(0, 1)

@@ -29,7 +29,11 @@ impl<B: NemotronBackend> Mamba2<B> {
         let c = &self.cfg;
         LayerState::Mamba {
             conv: Tensor::zeros([c.conv_dim(), c.conv_kernel - 1], dev),
-            ssm: Tensor::zeros([c.num_heads, c.head_dim, c.state_size], dev),
+            // The SSM state is f32 whatever the activation dtype.
+            ssm: Tensor::zeros(
+                [c.num_heads, c.head_dim, c.state_size],
+                (dev, burn::tensor::DType::F32),
+            ),
         }
     }
 

@@ -5,6 +5,9 @@
 use crate::mlp::Mlp;
 use burn::tensor::{activation::sigmoid, IndexingUpdateOp, Int, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
+
+/// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
+const MASKED: f32 = -1.0e30;
 use nemotron_loader::config::MoeConfig;
 
 #[derive(Debug, Clone)]
@@ -46,7 +49,7 @@ impl<B: NemotronBackend> Moe<B> {
                 .expand([n, c.n_group, per])
                 .reshape([n, e])
                 .lower_elem(0.5);
-            choice.mask_fill(dropped, f32::NEG_INFINITY)
+            choice.mask_fill(dropped, MASKED)
         } else {
             choice
         };

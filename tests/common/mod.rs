@@ -3,7 +3,11 @@
 
 use burn::backend::NdArray;
 use burn::tensor::Tensor;
+use nemotron::kernels::NemotronBackend;
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
+use nemotron::model::NemotronH;
+use safetensors::SafeTensors;
+use std::path::PathBuf;
 
 pub type B = NdArray<f32>;
 
@@ -119,4 +123,66 @@ pub fn add_text_files(dir: &std::path::Path, extra_eos: u32) {
     std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
     let gen = serde_json::json!({"eos_token_id": [2, extra_eos], "do_sample": false});
     std::fs::write(dir.join("generation_config.json"), gen.to_string()).unwrap();
+}
+
+/// Any backend's tensor as host f32.
+pub fn rows_any<Bk: NemotronBackend, const D: usize>(t: burn::tensor::Tensor<Bk, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+pub struct Reference {
+    pub prompt: Vec<u32>,
+    pub prefill: Vec<f32>,
+    pub decode_ids: Vec<u32>,
+    pub decode: Vec<f32>,
+}
+
+pub fn reference(name: &str, suffix: &str) -> Reference {
+    let buf = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&buf).unwrap();
+    let f32s = |n: &str| -> Vec<f32> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let ids = |n: &str| -> Vec<u32> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
+    };
+    Reference {
+        prompt: ids("prompt_ids"),
+        prefill: f32s(&format!("prefill_logits{suffix}")),
+        decode_ids: ids(&format!("decode_ids{suffix}")),
+        decode: f32s(&format!("decode_logits{suffix}")),
+    }
+}
+
+/// (prefill max |Δ|, decode max |Δ|, logit scale) of a model against a reference.
+pub fn compare<Bk: NemotronBackend>(m: &NemotronH<Bk>, r: &Reference) -> (f32, f32, f32) {
+    let mut s = m.new_state();
+    let prefill = rows_any(m.forward_one(&r.prompt, &mut s).unwrap());
+    let (dp, scale) = diff(&prefill, &r.prefill);
+    eprintln!("  prefill mean |Δ| {:.3e}", mean_diff(&prefill, &r.prefill));
+    // Teacher-forced decode: row 0 after the prompt, row i after feeding decode_ids[i-1].
+    let mut s = m.new_state();
+    let mut dec = nemotron::model::generate::last_row(m.forward_one(&r.prompt, &mut s).unwrap());
+    for &id in &r.decode_ids[..r.decode_ids.len() - 1] {
+        dec.extend(rows_any(m.forward_one(&[id], &mut s).unwrap()));
+    }
+    let (dd, _) = diff(&dec, &r.decode);
+    eprintln!("  decode mean |Δ| {:.3e}", mean_diff(&dec, &r.decode));
+    (dp, dd, scale)
 }

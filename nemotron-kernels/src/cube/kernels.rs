@@ -1,0 +1,233 @@
+//! The CubeCL kernels, runtime-generic (`#[cube]`): the same source runs on CUDA and on wgpu.
+//! Activations are f32 here; packed weights are read as u32 words (E2M1 nibbles, E4M3 bytes) and
+//! decoded through small lookup tables built from the format definitions.
+
+use cubecl::prelude::*;
+
+/// Sums `value` over the cube's `block` units through shared memory (portable: no plane ops,
+/// which lavapipe's WGSL path lacks). Every unit must call it.
+#[cube]
+fn cube_sum(value: f32, #[comptime] block: u32) -> f32 {
+    let mut sm = SharedMemory::<f32>::new(block as usize);
+    let u = UNIT_POS as usize;
+    sm[u] = value;
+    sync_cube();
+    // A runtime stride (a comptime one would be folded at expansion time).
+    let mut stride = (CUBE_DIM / 2) as usize;
+    while stride > 0 {
+        if u < stride {
+            sm[u] = sm[u] + sm[u + stride];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    sm[0]
+}
+
+/// NVFP4 linear: `y[m, n] = gs · Σ_b s[n, b] · Σ_j E2M1[code(n, 16b + j)] · x[m, 16b + j]`.
+/// One cube per `(n, m)`; its `block` units stride over the 16-element blocks of row `n`.
+/// `packed`: `[N, K/8]` words (8 codes each, the low nibble first); `scales`: `[N, sw]` words of
+/// four E4M3 bytes (row-padded).
+#[cube(launch)]
+pub fn nvfp4_linear_kernel(
+    x: &Array<f32>,
+    packed: &Array<u32>,
+    scales: &Array<u32>,
+    e2m1: &Array<f32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<f32>,
+    k: u32,
+    n_out: u32,
+    sw: u32,
+    global: f32,
+    #[comptime] block: u32,
+) {
+    let n = CUBE_POS_X as usize;
+    let m = CUBE_POS_Y as usize;
+    let k = k as usize;
+    let nb = k / 16;
+    let mut acc = 0.0f32;
+    let mut b = UNIT_POS as usize;
+    while b < nb {
+        let sword = scales[n * sw as usize + b / 4];
+        let sbyte = (sword >> (((b % 4) * 8) as u32)) & 255u32;
+        let s = e4m3[sbyte as usize];
+        let wbase = n * (k / 8) + b * 2;
+        let xbase = m * k + b * 16;
+        let mut part = 0.0f32;
+        for w in 0..2usize {
+            let word = packed[wbase + w];
+            for j in 0..8usize {
+                let code = (word >> ((j * 4) as u32)) & 15u32;
+                part += e2m1[code as usize] * x[xbase + w * 8 + j];
+            }
+        }
+        acc += part * s;
+        b += block as usize;
+    }
+    let total = cube_sum(acc, block);
+    if UNIT_POS == 0 {
+        y[m * n_out as usize + n] = total * global;
+    }
+}
+
+/// E4M3 round-to-nearest-even of `v` (already clamped to ±448), returned as its f32 value.
+#[cube]
+fn e4m3_round(v: f32) -> f32 {
+    let a = f32::abs(v);
+    let min_normal = 0.015625f32; // 2^-6
+                                  // Keep 3 mantissa bits: drop 20 with round-half-even (a carry moves the exponent up).
+                                  // Subnormals are multiples of 2^-9: shifted into [2^-6, 2^-5), that is the ulp there.
+    let shifted = a < min_normal;
+    let base = if shifted { a + min_normal } else { a };
+    let bits = u32::reinterpret(base);
+    let lsb = (bits >> 20u32) & 1u32;
+    let rounded = f32::reinterpret((bits + 0x7FFFFu32 + lsb) & 0xFFF00000u32);
+    let r = if shifted {
+        rounded - min_normal
+    } else {
+        rounded
+    };
+    if v < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// Static W8A8 FP8 linear: `y[m, n] = (is · ws) · Σ_k e4m3(clamp(x[m,k] / is, ±448)) · W8[n, k]`.
+/// `weight`: `[N, K/4]` words of four E4M3 bytes.
+#[cube(launch)]
+pub fn fp8_linear_kernel(
+    x: &Array<f32>,
+    weight: &Array<u32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<f32>,
+    k: u32,
+    n_out: u32,
+    input_scale: f32,
+    weight_scale: f32,
+    #[comptime] block: u32,
+) {
+    let n = CUBE_POS_X as usize;
+    let m = CUBE_POS_Y as usize;
+    let k = k as usize;
+    let nw = k / 4;
+    let mut acc = 0.0f32;
+    let mut w = UNIT_POS as usize;
+    while w < nw {
+        let word = weight[n * nw + w];
+        for j in 0..4usize {
+            let byte = (word >> ((j * 8) as u32)) & 255u32;
+            let xv = f32::clamp(x[m * k + w * 4 + j] / input_scale, -448.0f32, 448.0f32);
+            acc += e4m3_round(xv) * e4m3[byte as usize];
+        }
+        w += block as usize;
+    }
+    let total = cube_sum(acc, block);
+    if UNIT_POS == 0 {
+        y[m * n_out as usize + n] = total * (input_scale * weight_scale);
+    }
+}
+
+/// Causal depthwise conv + bias + SiLU, one unit per `(b, c)` walking time.
+/// `x`: `[B, T, C]`; `w`: `[C, K]`; `bias`: `[C]`; `state`/`new_state`: `[B, C, K-1]`;
+/// `lens`: `[B]`.
+#[cube(launch)]
+pub fn causal_conv1d_kernel(
+    x: &Array<f32>,
+    w: &Array<f32>,
+    bias: &Array<f32>,
+    state: &Array<f32>,
+    lens: &Array<u32>,
+    y: &mut Array<f32>,
+    new_state: &mut Array<f32>,
+    batch: u32,
+    t_max: u32,
+    ch: u32,
+    k: u32,
+) {
+    let id = ABSOLUTE_POS;
+    let (batch, t_max, ch, k) = (batch as usize, t_max as usize, ch as usize, k as usize);
+    if id >= batch * ch {
+        terminate!();
+    }
+    let b = id / ch;
+    let c = id % ch;
+    let km1 = k - 1;
+    let len = lens[b] as usize;
+    for t in 0..len {
+        let mut acc = bias[c];
+        for kk in 0..k {
+            // Input at time t - (K-1) + kk; negative times read the cached tail.
+            let v = if t + kk >= km1 {
+                x[(b * t_max + t + kk - km1) * ch + c]
+            } else {
+                state[(b * ch + c) * km1 + t + kk]
+            };
+            acc += w[c * k + kk] * v;
+        }
+        y[(b * t_max + t) * ch + c] = acc / (1.0f32 + f32::exp(-acc));
+    }
+    for s in 0..km1 {
+        let v = if len + s >= km1 {
+            x[(b * t_max + len + s - km1) * ch + c]
+        } else {
+            state[(b * ch + c) * km1 + len + s]
+        };
+        new_state[(b * ch + c) * km1 + s] = v;
+    }
+}
+
+/// The selective scan with D skip, one unit per `(b, h, p)` walking time; the state row
+/// `S[b, h, p, :]` is updated in place in `state` (a copy of the input state).
+#[cube(launch)]
+pub fn selective_scan_kernel(
+    x: &Array<f32>,
+    dt: &Array<f32>,
+    a: &Array<f32>,
+    bm: &Array<f32>,
+    cm: &Array<f32>,
+    d: &Array<f32>,
+    lens: &Array<u32>,
+    state: &mut Array<f32>,
+    y: &mut Array<f32>,
+    batch: u32,
+    t_max: u32,
+    heads: u32,
+    head_dim: u32,
+    groups: u32,
+    n_state: u32,
+) {
+    let id = ABSOLUTE_POS;
+    let (batch, t_max, h, p, g, n) = (
+        batch as usize,
+        t_max as usize,
+        heads as usize,
+        head_dim as usize,
+        groups as usize,
+        n_state as usize,
+    );
+    if id >= batch * h * p {
+        terminate!();
+    }
+    let b = id / (h * p);
+    let hh = (id / p) % h;
+    let pp = id % p;
+    let gg = hh / (h / g);
+    let len = lens[b] as usize;
+    let srow = ((b * h + hh) * p + pp) * n;
+    for t in 0..len {
+        let dtv = dt[(b * t_max + t) * h + hh];
+        let decay = f32::exp(dtv * a[hh]);
+        let xv = x[((b * t_max + t) * h + hh) * p + pp];
+        let bc = ((b * t_max + t) * g + gg) * n;
+        let mut acc = 0.0f32;
+        for nn in 0..n {
+            let s = decay * state[srow + nn] + dtv * xv * bm[bc + nn];
+            state[srow + nn] = s;
+            acc += s * cm[bc + nn];
+        }
+        y[((b * t_max + t) * h + hh) * p + pp] = acc + d[hh] * xv;
+    }
+}

@@ -1,0 +1,394 @@
+//! [`NemotronBackend`] for Burn's CubeCL backends (`CubeBackend<R, …>` for any CubeCL runtime:
+//! CUDA, wgpu), used without Burn's fusion layer. Packed weights live on the device in their
+//! shipped form; the ops run the runtime-generic kernels of [`kernels`]. Activations enter the
+//! kernels as f32 (a bf16 model casts around them); the SSM state is f32.
+
+pub mod kernels;
+
+use crate::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
+use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use nemotron_formats as fmt;
+
+/// The wgpu arm (f32; CI runs it on Mesa lavapipe).
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// The CUDA arm; `F` is the activation dtype (f32 or `half::bf16`).
+#[cfg(feature = "cuda")]
+pub type CudaBackend<F = f32> = CubeBackend<cubecl::cuda::CudaRuntime, F, i32, u8>;
+
+/// Units per cube for the linear kernels (a power of two).
+const LINEAR_BLOCK: u32 = 64;
+const ELEMWISE_BLOCK: u32 = 128;
+
+/// Decode tables built from the format definitions (uploaded once per weight; 1 KiB).
+#[derive(Clone)]
+struct Luts {
+    e2m1: Handle,
+    e4m3: Handle,
+}
+
+fn luts<R: CubeRuntime>(client: &ComputeClient<R>) -> Luts {
+    let e2m1: Vec<f32> = fmt::E2M1_VALUES.to_vec();
+    let e4m3: Vec<f32> = (0..=255u8)
+        .map(|b| {
+            if fmt::e4m3_is_nan(b) {
+                0.0
+            } else {
+                fmt::e4m3_to_f32(b)
+            }
+        })
+        .collect();
+    Luts {
+        e2m1: client.create_from_slice(f32::as_bytes(&e2m1)),
+        e4m3: client.create_from_slice(f32::as_bytes(&e4m3)),
+    }
+}
+
+/// Bytes as little-endian u32 words, each row padded to whole words.
+fn words(bytes: &[u8], rows: usize, row_bytes: usize) -> (Vec<u32>, usize) {
+    let per = row_bytes.div_ceil(4);
+    let mut out = vec![0u32; rows * per];
+    for r in 0..rows {
+        for (i, &b) in bytes[r * row_bytes..(r + 1) * row_bytes].iter().enumerate() {
+            out[r * per + i / 4] |= (b as u32) << (8 * (i % 4));
+        }
+    }
+    (out, per)
+}
+
+/// An NVFP4 matrix on the device: E2M1 codes (u32 words of 8), E4M3 block scales (u32 words of 4
+/// per row), the f32 global scale.
+#[derive(Clone)]
+pub struct CubeNvfp4<R: CubeRuntime> {
+    client: ComputeClient<R>,
+    packed: Handle,
+    scales: Handle,
+    scale_words: usize,
+    luts: Luts,
+    pub global_scale: f32,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl<R: CubeRuntime> std::fmt::Debug for CubeNvfp4<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CubeNvfp4({}×{}, {} packed bytes)",
+            self.out_features,
+            self.in_features,
+            self.out_features * self.in_features / 2
+        )
+    }
+}
+
+/// A per-tensor FP8 matrix on the device (E4M3 bytes as u32 words of 4) with its scales.
+#[derive(Clone)]
+pub struct CubeFp8<R: CubeRuntime> {
+    client: ComputeClient<R>,
+    weight: Handle,
+    luts: Luts,
+    pub weight_scale: f32,
+    pub input_scale: f32,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl<R: CubeRuntime> std::fmt::Debug for CubeFp8<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CubeFp8({}×{})", self.out_features, self.in_features)
+    }
+}
+
+fn f32_cube<
+    R: CubeRuntime,
+    B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
+    const D: usize,
+>(
+    t: Tensor<B, D>,
+) -> CubeTensor<R> {
+    let t = if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(DType::F32)
+    };
+    into_contiguous(t.into_primitive().tensor())
+}
+
+fn from_cube<B: burn::tensor::backend::Backend, const D: usize>(
+    t: B::FloatTensorPrimitive,
+    dtype: DType,
+) -> Tensor<B, D> {
+    let t = Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t));
+    if dtype == DType::F32 {
+        t
+    } else {
+        t.cast(dtype)
+    }
+}
+
+fn array<R: CubeRuntime>(t: &CubeTensor<R>) -> ArrayArg<R> {
+    unsafe { ArrayArg::from_raw_parts(t.handle.clone(), t.meta.shape().num_elements()) }
+}
+
+fn handle_array<R: CubeRuntime>(h: &Handle, len: usize) -> ArrayArg<R> {
+    unsafe { ArrayArg::from_raw_parts(h.clone(), len) }
+}
+
+fn lens_handle<R: CubeRuntime>(client: &ComputeClient<R>, lens: &[usize]) -> (Handle, usize) {
+    let v: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    (client.create_from_slice(u32::as_bytes(&v)), v.len())
+}
+
+fn elemwise_count(n: usize) -> (CubeCount, CubeDim) {
+    let cubes = n.div_ceil(ELEMWISE_BLOCK as usize).max(1) as u32;
+    (
+        CubeCount::Static(cubes, 1, 1),
+        CubeDim::new_1d(ELEMWISE_BLOCK),
+    )
+}
+
+impl<R, F, I, BT> NemotronBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    type Nvfp4Weight = CubeNvfp4<R>;
+    type Fp8Weight = CubeFp8<R>;
+
+    fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight {
+        let client = R::client(device);
+        let (packed, _) = words(&w.packed, w.out_features, w.in_features / 2);
+        let (scales, scale_words) = words(
+            &w.block_scales,
+            w.out_features,
+            w.in_features / fmt::NVFP4_BLOCK,
+        );
+        CubeNvfp4 {
+            packed: client.create_from_slice(u32::as_bytes(&packed)),
+            scales: client.create_from_slice(u32::as_bytes(&scales)),
+            scale_words,
+            luts: luts(&client),
+            client,
+            global_scale: w.global_scale,
+            out_features: w.out_features,
+            in_features: w.in_features,
+        }
+    }
+
+    fn fp8_weight(w: Fp8Matrix, device: &burn::tensor::Device<Self>) -> Self::Fp8Weight {
+        assert!(
+            w.in_features % 4 == 0,
+            "FP8 in_features {} must be a multiple of 4",
+            w.in_features
+        );
+        let client = R::client(device);
+        let (weight, _) = words(&w.weight, w.out_features, w.in_features);
+        CubeFp8 {
+            weight: client.create_from_slice(u32::as_bytes(&weight)),
+            luts: luts(&client),
+            client,
+            weight_scale: w.weight_scale,
+            input_scale: w.input_scale,
+            out_features: w.out_features,
+            in_features: w.in_features,
+        }
+    }
+
+    fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
+        let dtype = x.dtype();
+        let [m, k] = x.dims();
+        assert_eq!(
+            k, w.in_features,
+            "nvfp4_linear: x has {k} columns, the weight {} inputs",
+            w.in_features
+        );
+        let x = f32_cube(x);
+        let n = w.out_features;
+        let y = empty_device_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([m, n]),
+            DType::F32,
+        );
+        kernels::nvfp4_linear_kernel::launch::<R>(
+            &w.client,
+            CubeCount::Static(n as u32, m as u32, 1),
+            CubeDim::new_1d(LINEAR_BLOCK),
+            array(&x),
+            handle_array(&w.packed, n * k / 8),
+            handle_array(&w.scales, n * w.scale_words),
+            handle_array(&w.luts.e2m1, 16),
+            handle_array(&w.luts.e4m3, 256),
+            array(&y),
+            k as u32,
+            n as u32,
+            w.scale_words as u32,
+            w.global_scale,
+            LINEAR_BLOCK,
+        );
+        from_cube::<Self, 2>(y, dtype)
+    }
+
+    fn fp8_linear(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2> {
+        let dtype = x.dtype();
+        let [m, k] = x.dims();
+        assert_eq!(
+            k, w.in_features,
+            "fp8_linear: x has {k} columns, the weight {} inputs",
+            w.in_features
+        );
+        let x = f32_cube(x);
+        let n = w.out_features;
+        let y = empty_device_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([m, n]),
+            DType::F32,
+        );
+        kernels::fp8_linear_kernel::launch::<R>(
+            &w.client,
+            CubeCount::Static(n as u32, m as u32, 1),
+            CubeDim::new_1d(LINEAR_BLOCK),
+            array(&x),
+            handle_array(&w.weight, n * k / 4),
+            handle_array(&w.luts.e4m3, 256),
+            array(&y),
+            k as u32,
+            n as u32,
+            w.input_scale,
+            w.weight_scale,
+            LINEAR_BLOCK,
+        );
+        from_cube::<Self, 2>(y, dtype)
+    }
+
+    fn causal_conv1d(
+        x: Tensor<Self, 3>,
+        weight: Tensor<Self, 2>,
+        bias: Option<Tensor<Self, 1>>,
+        state: Tensor<Self, 3>,
+        lens: &[usize],
+    ) -> (Tensor<Self, 3>, Tensor<Self, 3>) {
+        let dtype = x.dtype();
+        let state_dtype = state.dtype();
+        let [b, t, c] = x.dims();
+        let [_, k] = weight.dims();
+        let dev = x.device();
+        let bias = bias.unwrap_or_else(|| Tensor::zeros([c], &dev));
+        let (x, w, bias, st) = (
+            f32_cube(x),
+            f32_cube(weight),
+            f32_cube(bias),
+            f32_cube(state),
+        );
+        let client = x.client.clone();
+        let y = empty_device_dtype(
+            client.clone(),
+            x.device.clone(),
+            Shape::new([b, t, c]),
+            DType::F32,
+        );
+        let ns = empty_device_dtype(
+            client.clone(),
+            x.device.clone(),
+            Shape::new([b, c, k - 1]),
+            DType::F32,
+        );
+        let (lh, ll) = lens_handle(&client, lens);
+        let (count, dim) = elemwise_count(b * c);
+        kernels::causal_conv1d_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            array(&x),
+            array(&w),
+            array(&bias),
+            array(&st),
+            handle_array(&lh, ll),
+            array(&y),
+            array(&ns),
+            b as u32,
+            t as u32,
+            c as u32,
+            k as u32,
+        );
+        (
+            from_cube::<Self, 3>(y, dtype),
+            from_cube::<Self, 3>(ns, state_dtype),
+        )
+    }
+
+    fn selective_scan(
+        x: Tensor<Self, 4>,
+        dt: Tensor<Self, 3>,
+        a: Tensor<Self, 1>,
+        b: Tensor<Self, 4>,
+        c: Tensor<Self, 4>,
+        d: Tensor<Self, 1>,
+        state: Tensor<Self, 4>,
+        lens: &[usize],
+    ) -> (Tensor<Self, 4>, Tensor<Self, 4>) {
+        let dtype = x.dtype();
+        let state_dtype = state.dtype();
+        let [bs, t, h, p] = x.dims();
+        let [_, _, g, n] = b.dims();
+        // The kernel updates the state in place: give it a buffer nobody else holds.
+        let state = if state.dtype() == DType::F32 {
+            state.add_scalar(0.0)
+        } else {
+            state.cast(DType::F32)
+        };
+        let (x, dt, a, bm, cm, d, st) = (
+            f32_cube(x),
+            f32_cube(dt),
+            f32_cube(a),
+            f32_cube(b),
+            f32_cube(c),
+            f32_cube(d),
+            f32_cube(state),
+        );
+        let client = x.client.clone();
+        let y = empty_device_dtype(
+            client.clone(),
+            x.device.clone(),
+            Shape::new([bs, t, h, p]),
+            DType::F32,
+        );
+        let (lh, ll) = lens_handle(&client, lens);
+        let (count, dim) = elemwise_count(bs * h * p);
+        kernels::selective_scan_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            array(&x),
+            array(&dt),
+            array(&a),
+            array(&bm),
+            array(&cm),
+            array(&d),
+            handle_array(&lh, ll),
+            array(&st),
+            array(&y),
+            bs as u32,
+            t as u32,
+            h as u32,
+            p as u32,
+            g as u32,
+            n as u32,
+        );
+        (
+            from_cube::<Self, 4>(y, dtype),
+            from_cube::<Self, 4>(st, state_dtype),
+        )
+    }
+}
