@@ -1,21 +1,33 @@
-//! Host-reference throughput: prefill and decode tokens/s on NdArray (f32), median of repeated
-//! runs, next to HF transformers on CPU for the same checkpoint in the same run (when `python3`
-//! with torch + transformers is available; otherwise it says so).
+//! Throughput of NemotronH on any backend: prefill and decode tokens/s (median of repeats after a
+//! warm-up, device synchronized), batch 1 or more, device memory in use, a per-layer-kind split of
+//! one decode step, kernel microbenchmarks, and HF transformers for the same checkpoint in the same
+//! run (CPU f32 for the host; GPU bf16, randomly initialized from the same config, on CUDA).
 //!
-//! `cargo run --release --example bench -- [--geometry tiny|small100m] [--model DIR]
-//!  [--prompt-len 128] [--decode 32] [--repeats 3] [--no-hf]`
+//! `cargo run --release [--features cuda] --example bench -- [--backend ndarray|wgpu|cuda]
+//!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR] [--prompt-len 128] [--decode 32]
+//!  [--batch 1] [--repeats 3] [--no-hf] [--kernels]`
 //!
 //! Synthetic geometries are written as BF16 checkpoints (HF cannot read NVFP4/FP8 ones).
 
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
 use clap::Parser;
+use nemotron::kernels::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
+use nemotron::model::block::Mixer;
+use nemotron::model::generate::device_argmax;
 use nemotron::model::NemotronH;
+use nemotron::{BackendKind, BackendTask, DType};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 struct Args {
+    #[arg(long, default_value = "ndarray")]
+    backend: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
     /// tiny | small100m (ignored with --model)
     #[arg(long, default_value = "small100m")]
     geometry: String,
@@ -25,14 +37,20 @@ struct Args {
     prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     decode: usize,
+    /// Sequences per forward.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// Skip the HF transformers comparison.
     #[arg(long)]
     no_hf: bool,
+    /// Skip the model; time the NVFP4 / FP8 linears and the state update at the 30B shapes.
+    #[arg(long)]
+    kernels: bool,
+    /// Also split one batch-1 decode step by layer kind (synchronizing after every block).
+    #[arg(long)]
+    split: bool,
 }
-
-type B = burn::backend::NdArray<f32>;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -40,13 +58,43 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    if let Err(e) = run(Args::parse()) {
+    let a = Args::parse();
+    let r = (|| -> Result<(), String> {
+        let kind: BackendKind = a
+            .backend
+            .parse()
+            .map_err(|e: nemotron::Error| e.to_string())?;
+        let dtype: DType = a
+            .dtype
+            .parse()
+            .map_err(|e: nemotron::Error| e.to_string())?;
+        kind.run(dtype, Task(a.clone()))
+            .map_err(|e| e.to_string())?
+    })();
+    if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+struct Task(Args);
+
+impl BackendTask for Task {
+    type Output = Result<(), String>;
+    fn run<B: NemotronBackend>(self, dev: &B::Device) -> Self::Output {
+        if self.0.kernels {
+            kernels::<B>(&self.0, dev)
+        } else {
+            model::<B>(&self.0, dev).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn sync<B: Backend>(dev: &B::Device) {
+    B::sync(dev).expect("device sync");
+}
+
+fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
     let _tmp;
     let (dir, label) = match &a.model {
         Some(d) => (d.clone(), d.display().to_string()),
@@ -69,56 +117,88 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             (p, format!("synthetic {} (BF16)", a.geometry))
         }
     };
-    let dev = Default::default();
-    let m = NemotronH::<B>::load(&dir, &dev)?;
-    let params: u64 = m.report.as_ref().map_or(0, |r| r.host_bytes / 2);
+    let t0 = Instant::now();
+    let m = NemotronH::<B>::load(&dir, dev)?;
+    sync::<B>(dev);
+    let load = t0.elapsed().as_secs_f64();
+    let report = m.report.clone().expect("loaded from a checkpoint");
+    println!("backend: {}  dtype: {}", a.backend, a.dtype);
+    println!(
+        "model: {label}, {} layers ({})",
+        m.layers.len(),
+        m.config.pattern()
+    );
+    println!(
+        "load: {load:.1} s; checkpoint bytes held {} ({:.2} GiB)",
+        report.host_bytes,
+        report.host_bytes as f64 / (1u64 << 30) as f64
+    );
+    if let Some(mem) = B::memory_in_use(dev) {
+        println!("device memory in use after load: {mem} bytes ({:.2} GiB) = {:.3} × the held checkpoint bytes", mem as f64 / (1u64 << 30) as f64, mem as f64 / report.host_bytes as f64);
+    }
     let v = m.config.vocab_size;
-    let prompt: Vec<u32> = (0..a.prompt_len)
-        .map(|i| ((i * 7919 + 13) % v) as u32)
+    let prompts: Vec<Vec<u32>> = (0..a.batch)
+        .map(|b| {
+            (0..a.prompt_len)
+                .map(|i| ((i * 7919 + 13 + b * 104729) % v) as u32)
+                .collect()
+        })
         .collect();
     let (mut pre, mut dec) = (vec![], vec![]);
     for r in 0..=a.repeats {
-        let mut s = m.new_state();
+        let mut states: Vec<_> = (0..a.batch).map(|_| m.new_state()).collect();
+        let mut refs: Vec<_> = states.iter_mut().collect();
+        let toks: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+        sync::<B>(dev);
         let t0 = Instant::now();
-        let l = m.forward_one(&prompt, &mut s)?;
-        let mut tok = nemotron::model::generate::argmax(&nemotron::model::generate::last_row(l));
+        let mut next = device_argmax(m.forward_last(&toks, &mut refs)?);
         let t1 = Instant::now();
         for _ in 0..a.decode {
-            let l = m.forward_one(&[tok], &mut s)?;
-            tok = nemotron::model::generate::argmax(&nemotron::model::generate::last_row(l));
+            let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let toks: Vec<&[u32]> = step.iter().map(|s| s.as_slice()).collect();
+            next = device_argmax(m.forward_last(&toks, &mut refs)?);
         }
         let t2 = Instant::now();
-        if r > 0 {
-            pre.push(a.prompt_len as f64 / (t1 - t0).as_secs_f64());
-            dec.push(a.decode as f64 / (t2 - t1).as_secs_f64());
+        if r > 0 || a.repeats == 0 {
+            pre.push((a.batch * a.prompt_len) as f64 / (t1 - t0).as_secs_f64());
+            dec.push((a.batch * a.decode) as f64 / (t2 - t1).as_secs_f64());
         }
     }
     let (p, d) = (median(pre), median(dec));
     println!(
-        "model: {label}, {} layers ({}), ~{:.1} M params (bf16 bytes / 2)",
-        m.layers.len(),
-        m.config.pattern(),
-        params as f64 / 1e6
+        "nemotron-rs: prefill {p:.1} tok/s (batch {} × {} tokens), decode {d:.2} tok/s (batch {}, {} steps; {:.2} ms/step), median of {}",
+        a.batch,
+        a.prompt_len,
+        a.batch,
+        a.decode,
+        1e3 * a.batch as f64 / d,
+        a.repeats.max(1)
     );
-    println!("nemotron-rs NdArray f32: prefill {p:.1} tok/s ({} tokens), decode {d:.2} tok/s ({} steps), median of {}", a.prompt_len, a.decode, a.repeats);
+    if a.split {
+        split_decode(&m, dev, &prompts[0]);
+    }
     if a.no_hf {
         println!("HF transformers: skipped (--no-hf)");
         return Ok(());
     }
+    let cuda = a.backend == "cuda";
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/hf_bench.py");
-    let out = Command::new("python3")
-        .args([
-            script,
-            dir.to_str().unwrap(),
-            "--prompt-len",
-            &a.prompt_len.to_string(),
-            "--decode",
-            &a.decode.to_string(),
-            "--repeats",
-            &a.repeats.to_string(),
-        ])
-        .output();
-    match out {
+    let mut args = vec![
+        script.to_string(),
+        dir.to_str().unwrap().to_string(),
+        "--prompt-len".into(),
+        a.prompt_len.to_string(),
+        "--decode".into(),
+        a.decode.to_string(),
+        "--batch".into(),
+        a.batch.to_string(),
+        "--repeats".into(),
+        a.repeats.max(1).to_string(),
+    ];
+    if cuda {
+        args.extend(["--device", "cuda", "--dtype", "bfloat16", "--from-config"].map(String::from));
+    }
+    match Command::new("python3").args(&args).output() {
         Ok(o) if o.status.success() => {
             let line = String::from_utf8_lossy(&o.stdout);
             let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or(""))
@@ -128,10 +208,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 j["decode_tok_s"].as_f64().unwrap_or(0.0),
             );
             println!(
-                "HF transformers {} (torch {}, {} threads, CPU f32): prefill {hp:.1} tok/s, decode {hd:.2} tok/s",
+                "HF transformers {} (torch {}, {} {}): prefill {hp:.1} tok/s, decode {hd:.2} tok/s",
                 j["transformers"].as_str().unwrap_or("?"),
                 j["torch"].as_str().unwrap_or("?"),
-                j["threads"]
+                j["device"].as_str().unwrap_or("?"),
+                j["dtype"].as_str().unwrap_or("?"),
             );
             println!(
                 "ratio nemotron-rs / HF: prefill {:.2}x, decode {:.2}x",
@@ -148,5 +229,165 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         ),
         Err(e) => println!("HF transformers: NOT MEASURED (python3 not runnable: {e})"),
     }
+    Ok(())
+}
+
+/// One batch-1 decode step, synchronizing after each block, timed by layer kind.
+fn split_decode<B: NemotronBackend>(m: &NemotronH<B>, dev: &B::Device, prompt: &[u32]) {
+    let mut s = m.new_state();
+    let _ = m.forward_last(&[prompt], &mut [&mut s]).expect("prefill");
+    let mut totals = std::collections::BTreeMap::<&str, (f64, usize)>::new();
+    let steps = 8;
+    for step in 0..steps {
+        let ids = Tensor::<B, 2, burn::tensor::Int>::from_data(
+            TensorData::new(vec![(step * 31 % 100) as i64], [1, 1]),
+            dev,
+        );
+        sync::<B>(dev);
+        let t = Instant::now();
+        let mut x = burn::tensor::module::embedding(m.embeddings.clone(), ids);
+        sync::<B>(dev);
+        let e = totals.entry("embedding").or_default();
+        e.0 += t.elapsed().as_secs_f64();
+        e.1 += 1;
+        for (l, block) in m.layers.iter().enumerate() {
+            let kind = match block.mixer {
+                Mixer::Mamba(_) => "mamba2",
+                Mixer::Moe(_) => "moe",
+                Mixer::Attention(_) => "attention",
+                Mixer::Mlp(_) => "mlp",
+            };
+            let t = Instant::now();
+            x = block.forward(x, &[1], &mut [&mut s], l, &Default::default());
+            sync::<B>(dev);
+            let e = totals.entry(kind).or_default();
+            e.0 += t.elapsed().as_secs_f64();
+            e.1 += 1;
+        }
+        s.position += 1;
+        let t = Instant::now();
+        let logits = m.lm_head.forward(m.norm_f.forward(x));
+        let _ = device_argmax(logits.reshape([1, m.config.vocab_size]));
+        let e = totals.entry("norm_f + lm_head + argmax").or_default();
+        e.0 += t.elapsed().as_secs_f64();
+        e.1 += 1;
+    }
+    let all: f64 = totals.values().map(|v| v.0).sum();
+    println!("decode step split (batch 1, synchronized after each block, mean of {steps} steps): {:.2} ms/step", 1e3 * all / steps as f64);
+    for (k, (t, n)) in &totals {
+        println!(
+            "  {k:<28} {:>8.3} ms/step  ({:>5.1} %, {:.3} ms per call)",
+            1e3 * t / steps as f64,
+            100.0 * t / all,
+            1e3 * t / *n as f64
+        );
+    }
+}
+
+/// Kernel microbenchmarks at the 30B-A3B shapes: achieved bandwidth of the batch-1 NVFP4 linear
+/// (packed + scale bytes read per second), the FP8 linear, and the state update.
+fn kernels<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), String> {
+    let reps = 20.max(a.repeats);
+    let mut seed = 1u64;
+    let mut rnd = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 56) as u8
+            })
+            .collect()
+    };
+    let time = |f: &mut dyn FnMut()| -> f64 {
+        f();
+        sync::<B>(dev);
+        let mut ts = vec![];
+        for _ in 0..reps {
+            let t = Instant::now();
+            f();
+            sync::<B>(dev);
+            ts.push(t.elapsed().as_secs_f64());
+        }
+        median(ts)
+    };
+    println!(
+        "kernel microbenchmarks ({}, {}, median of {reps})",
+        a.backend, a.dtype
+    );
+    for (k, n) in [
+        (2688, 1856),
+        (1856, 2688),
+        (2688, 10304),
+        (4096, 2688),
+        (2688, 131072),
+    ] {
+        // Scale bytes kept below 0x7F so none decodes to NaN.
+        let scales: Vec<u8> = rnd(n * k / 16)
+            .into_iter()
+            .map(|b| 0x30 + (b % 16))
+            .collect();
+        let w = B::nvfp4_weight(
+            Nvfp4Matrix {
+                out_features: n,
+                in_features: k,
+                packed: rnd(n * k / 2),
+                block_scales: scales,
+                global_scale: 1e-3,
+            },
+            dev,
+        );
+        let x = Tensor::<B, 2>::from_data(TensorData::new(vec![0.5f32; k], [1, k]), dev);
+        let s = time(&mut || {
+            let _ = B::nvfp4_linear(x.clone(), &w);
+        });
+        let bytes = (n * k / 2 + n * k / 16) as f64;
+        println!(
+            "  NVFP4 GEMV {k:>5}→{n:<6}: {:>8.1} µs, {:>7.1} GB/s of packed weight + scales",
+            s * 1e6,
+            bytes / s / 1e9
+        );
+    }
+    let (k, n) = (2688, 10304);
+    let w = B::fp8_weight(
+        Fp8Matrix {
+            out_features: n,
+            in_features: k,
+            weight: rnd(n * k).into_iter().map(|b| b & 0x7E).collect(),
+            weight_scale: 1e-3,
+            input_scale: 1e-2,
+        },
+        dev,
+    );
+    let x = Tensor::<B, 2>::from_data(TensorData::new(vec![0.5f32; k], [1, k]), dev);
+    let s = time(&mut || {
+        let _ = B::fp8_linear(x.clone(), &w);
+    });
+    println!(
+        "  FP8 W8A8 GEMV {k}→{n}: {:>8.1} µs, {:>7.1} GB/s of weight",
+        s * 1e6,
+        (n * k) as f64 / s / 1e9
+    );
+    let (h, p, nn, g) = (64, 64, 128, 8);
+    let st = Tensor::<B, 4>::zeros([1, h, p, nn], (dev, burn::tensor::DType::F32));
+    let x = Tensor::<B, 4>::ones([1, 1, h, p], dev);
+    let dt = Tensor::<B, 3>::ones([1, 1, h], dev) * 0.01;
+    let av = Tensor::<B, 1>::ones([h], dev) * -1.0;
+    let bm = Tensor::<B, 4>::ones([1, 1, g, nn], dev);
+    let d = Tensor::<B, 1>::ones([h], dev);
+    let s = time(&mut || {
+        let _ = B::selective_scan(
+            x.clone(),
+            dt.clone(),
+            av.clone(),
+            bm.clone(),
+            bm.clone(),
+            d.clone(),
+            st.clone(),
+            &[1],
+        );
+    });
+    let bytes = 2.0 * (h * p * nn * 4) as f64; // state read + written (f32)
+    println!("  selective state update 64×64×128 f32: {:>8.1} µs, {:>7.1} GB/s of state read+written (includes the state copy)", s * 1e6, bytes / s / 1e9);
     Ok(())
 }

@@ -15,8 +15,9 @@
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use nemotron::kernels::NemotronBackend;
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
-use nemotron::{BackendKind, DType, Error, GenerateOptions, NemotronH, TextModel};
+use nemotron::{BackendKind, BackendTask, DType, Error, GenerateOptions, NemotronH, TextModel};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,8 +69,6 @@ struct Args {
     dtype: String,
 }
 
-type B = burn::backend::NdArray<f32>;
-
 fn main() {
     if let Err(e) = run(Args::parse()) {
         eprintln!("error: {e}");
@@ -94,7 +93,19 @@ fn bar(total: u64, msg: &str) -> ProgressBar {
 fn run(a: Args) -> Result<(), Error> {
     let backend: BackendKind = a.backend.parse()?;
     let dtype: DType = a.dtype.parse()?;
-    backend.check(dtype)?;
+    backend.run(dtype, Task(a))?
+}
+
+struct Task(Args);
+
+impl BackendTask for Task {
+    type Output = Result<(), Error>;
+    fn run<B: NemotronBackend>(self, device: &B::Device) -> Self::Output {
+        run_on::<B>(self.0, device)
+    }
+}
+
+fn run_on<B: NemotronBackend>(a: Args, dev: &B::Device) -> Result<(), Error> {
     let reasoning = match a.reasoning.as_deref() {
         None => None,
         Some("on" | "true") => Some(true),
@@ -105,9 +116,8 @@ fn run(a: Args) -> Result<(), Error> {
             )))
         }
     };
-    let dev = Default::default();
     let Some(dir) = a.model.clone() else {
-        return run_synthetic(&a, &dev);
+        return run_synthetic::<B>(&a, dev);
     };
     if a.prompt.is_none() {
         if a.prompt_ids.is_empty() {
@@ -115,13 +125,13 @@ fn run(a: Args) -> Result<(), Error> {
                 "give --prompt TEXT (or --prompt-ids 1,2,3)".into(),
             ));
         }
-        let m = NemotronH::<B>::load(&dir, &dev)?;
+        let m = NemotronH::<B>::load(&dir, dev)?;
         return generate_ids(&m, &a);
     }
 
     let t0 = Instant::now();
     let pb = bar(0, "loading");
-    let tm = TextModel::<B>::load_with_progress(&dir, &dev, |p| {
+    let tm = TextModel::<B>::load_with_progress(&dir, dev, |p| {
         pb.set_length(p.bytes_total);
         pb.set_position(p.bytes_done);
     })?;
@@ -196,10 +206,7 @@ fn apply_sampling(opts: &mut GenerateOptions, a: &Args) {
     s.seed = a.seed;
 }
 
-fn run_synthetic(
-    a: &Args,
-    dev: &<B as burn::tensor::backend::BackendTypes>::Device,
-) -> Result<(), Error> {
+fn run_synthetic<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Error> {
     if a.prompt.is_some() || a.chat {
         return Err(Error::Unavailable("the embedded synthetic model has no tokenizer: pass --model DIR for text, or --prompt-ids".into()));
     }
@@ -216,7 +223,7 @@ fn run_synthetic(
     generate_ids(&m, a)
 }
 
-fn generate_ids(m: &NemotronH<B>, a: &Args) -> Result<(), Error> {
+fn generate_ids<B: NemotronBackend>(m: &NemotronH<B>, a: &Args) -> Result<(), Error> {
     let prompt = if a.prompt_ids.is_empty() {
         vec![1, 17, 42, 99, 7]
     } else {

@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 use clap::Parser;
 use nemotron::kernels::NemotronBackend;
 use nemotron::model::NemotronH;
+use nemotron::{BackendKind, BackendTask, DType};
 use safetensors::{serialize_to_file, Dtype, View};
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -29,10 +30,10 @@ struct Args {
     force_ids: Vec<u32>,
     #[arg(long)]
     out: PathBuf,
-    /// ndarray (host reference)
+    /// ndarray | wgpu | cuda
     #[arg(long, default_value = "ndarray")]
     backend: String,
-    /// f32
+    /// f32 | bf16 (cuda)
     #[arg(long, default_value = "f32")]
     dtype: String,
 }
@@ -56,18 +57,29 @@ impl View for &F32s {
 
 fn main() {
     let args = Args::parse();
-    let r = match (args.backend.as_str(), args.dtype.as_str()) {
-        ("ndarray", "f32") => run::<burn::backend::NdArray<f32>>(&args, &Default::default()),
-        ("ndarray", d) => Err(format!(
-            "--dtype {d} is not available on ndarray (the host reference computes in f32)"
-        )),
-        (b, _) => Err(format!(
-            "--backend {b} is not available in this build (available: ndarray)"
-        )),
-    };
+    let r = (|| -> Result<(), String> {
+        let kind: BackendKind = args
+            .backend
+            .parse()
+            .map_err(|e: nemotron::Error| e.to_string())?;
+        let dtype: DType = args
+            .dtype
+            .parse()
+            .map_err(|e: nemotron::Error| e.to_string())?;
+        kind.run(dtype, Task(&args)).map_err(|e| e.to_string())?
+    })();
     if let Err(e) = r {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+struct Task<'a>(&'a Args);
+
+impl BackendTask for Task<'_> {
+    type Output = Result<(), String>;
+    fn run<B: NemotronBackend>(self, device: &B::Device) -> Self::Output {
+        run::<B>(self.0, device)
     }
 }
 

@@ -54,7 +54,7 @@ pub mod error;
 pub mod text;
 pub mod text_model;
 
-pub use backend::{BackendKind, DType};
+pub use backend::{BackendKind, BackendTask, DType};
 pub use chat::{ChatTemplate, Message};
 pub use error::Error;
 pub use nemotron_kernels as kernels;

@@ -58,6 +58,11 @@ pub trait NemotronBackend: Backend {
     type Fp8Weight: Clone + Send + Sync + std::fmt::Debug;
 
     fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight;
+
+    /// Bytes of device memory in use, where the backend can tell.
+    fn memory_in_use(_device: &burn::tensor::Device<Self>) -> Option<u64> {
+        None
+    }
     fn fp8_weight(w: Fp8Matrix, device: &burn::tensor::Device<Self>) -> Self::Fp8Weight;
 
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` with `W` dequantized block by block inside the product

@@ -199,6 +199,32 @@ fn next_unit(state: &mut u64) -> f32 {
     (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
+fn is_plain_greedy(s: &Sampling) -> bool {
+    s.temperature <= 0.0 && s.repetition_penalty == 1.0
+}
+
+/// `[B, V]` logits on the host, flattened.
+pub fn host_rows<B: NemotronBackend>(logits: Tensor<B, 2>) -> Vec<f32> {
+    logits
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .expect("f32 logits")
+}
+
+/// Row-wise argmax computed on the device; only `B` ids come back.
+pub fn device_argmax<B: NemotronBackend>(logits: Tensor<B, 2>) -> Vec<u32> {
+    let [b, _] = logits.dims();
+    let idx = logits.argmax(1).reshape([b]);
+    idx.into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .expect("int ids")
+        .into_iter()
+        .map(|x| x as u32)
+        .collect()
+}
+
 /// The last row of `[T, V]` logits on the host.
 pub fn last_row<B: NemotronBackend>(logits: Tensor<B, 2>) -> Vec<f32> {
     let [t, _] = logits.dims();
@@ -277,12 +303,13 @@ impl<'a, B: NemotronBackend> Generator<'a, B> {
         };
         while self.prefilled < total {
             let end = (self.prefilled + chunk).min(total);
+            let chunk_ids = &self.prompt[self.prefilled..end];
             let logits = self
                 .model
-                .forward_one(&self.prompt[self.prefilled..end], &mut self.state)?;
+                .forward_last(&[chunk_ids], &mut [&mut self.state])?;
             self.prefilled = end;
             if end == total {
-                self.next_logits = Some(last_row(logits));
+                self.next_logits = Some(host_rows(logits));
             }
             progress(end, total);
         }
@@ -314,14 +341,26 @@ impl<'a, B: NemotronBackend> Generator<'a, B> {
             self.stop = Some(StopReason::ContextFull);
             return Ok(None);
         }
-        let logits = match self.next_logits.take() {
-            Some(l) => l,
-            None => last_row(
-                self.model
-                    .forward_one(&[*self.history.last().expect("non-empty")], &mut self.state)?,
-            ),
+        let tok = match self.next_logits.take() {
+            Some(l) => pick(&l, &self.opts.sampling, &self.history, &mut self.rng),
+            None => {
+                let last = *self.history.last().expect("non-empty");
+                let logits = self
+                    .model
+                    .forward_last(&[&[last]], &mut [&mut self.state])?;
+                if is_plain_greedy(&self.opts.sampling) {
+                    // Only the chosen id leaves the device.
+                    device_argmax(logits)[0]
+                } else {
+                    pick(
+                        &host_rows(logits),
+                        &self.opts.sampling,
+                        &self.history,
+                        &mut self.rng,
+                    )
+                }
+            }
         };
-        let tok = pick(&logits, &self.opts.sampling, &self.history, &mut self.rng);
         self.history.push(tok);
         self.produced += 1;
         if self.opts.stop_ids.contains(&tok) {

@@ -216,6 +216,41 @@ impl<B: NemotronBackend> NemotronH<B> {
         tokens: &[&[u32]],
         states: &mut [&mut SequenceState<B>],
     ) -> Result<Tensor<B, 3>, ModelError> {
+        let x = self.hidden(tokens, states)?;
+        Ok(self.lm_head.forward(self.norm_f.forward(x)))
+    }
+
+    /// Like [`Self::forward`], but only the logits after each sequence's last new token:
+    /// `[B, vocab]`. The head runs on `B` rows instead of `B × T` (what generation needs).
+    pub fn forward_last(
+        &self,
+        tokens: &[&[u32]],
+        states: &mut [&mut SequenceState<B>],
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        let x = self.hidden(tokens, states)?;
+        let [b, _, h] = x.dims();
+        let rows: Vec<Tensor<B, 2>> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                x.clone()
+                    .slice_dim(0, i..i + 1)
+                    .slice_dim(1, t.len() - 1..t.len())
+                    .reshape([1, h])
+            })
+            .collect();
+        let last = Tensor::cat(rows, 0).reshape([b, 1, h]);
+        let logits = self.lm_head.forward(self.norm_f.forward(last));
+        let v = logits.dims()[2];
+        Ok(logits.reshape([b, v]))
+    }
+
+    /// The residual stream after the last block, `[B, T_max, hidden]`, advancing the states.
+    fn hidden(
+        &self,
+        tokens: &[&[u32]],
+        states: &mut [&mut SequenceState<B>],
+    ) -> Result<Tensor<B, 3>, ModelError> {
         if tokens.is_empty() || tokens.len() != states.len() {
             return Err(ModelError::Input(format!(
                 "{} token lists for {} states",
@@ -253,7 +288,7 @@ impl<B: NemotronBackend> NemotronH<B> {
         for (s, len) in states.iter_mut().zip(&lens) {
             s.position += len;
         }
-        Ok(self.lm_head.forward(self.norm_f.forward(x)))
+        Ok(x)
     }
 
     /// Logits of one sequence: `[T, vocab]` for its new tokens.

@@ -185,6 +185,13 @@ where
         }
     }
 
+    fn memory_in_use(device: &burn::tensor::Device<Self>) -> Option<u64> {
+        R::client(device)
+            .memory_usage()
+            .ok()
+            .map(|u| u.bytes_in_use)
+    }
+
     fn fp8_weight(w: Fp8Matrix, device: &burn::tensor::Device<Self>) -> Self::Fp8Weight {
         assert!(
             w.in_features % 4 == 0,
