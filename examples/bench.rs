@@ -33,6 +33,13 @@ struct Args {
     geometry: String,
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Build a synthetic geometry in memory (tiny | small100m | nano | lightning), no files;
+    /// HF (on CUDA) is then built from the same config with random weights.
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// Recipe for --synthetic: bf16 | nano-nvfp4 | lightning-mixed
+    #[arg(long, default_value = "lightning-mixed")]
+    recipe: String,
     #[arg(long, default_value_t = 128)]
     prompt_len: usize,
     #[arg(long, default_value_t = 32)]
@@ -118,7 +125,30 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         }
     };
     let t0 = Instant::now();
-    let m = NemotronH::<B>::load(&dir, dev)?;
+    let (m, dir, label) = match &a.synthetic {
+        None => (NemotronH::<B>::load(&dir, dev)?, dir, label),
+        Some(g) => {
+            let geom = match g.as_str() {
+                "tiny" => Geometry::tiny(),
+                "small100m" => Geometry::small_100m(),
+                "nano" => Geometry::nano_30b(),
+                "lightning" => Geometry::lightning_30b(),
+                g => return Err(format!("unknown --synthetic {g:?}").into()),
+            };
+            let recipe = SynthRecipe::parse(&a.recipe).ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
+            let opts = SynthOptions { recipe, seed: 1, max_shard_bytes: 0, misalign: false };
+            let ck = nemotron::loader::synth::build_checkpoint(&geom, &opts)?;
+            println!("built synthetic {g} ({}) in memory in {:.1} s", a.recipe, t0.elapsed().as_secs_f64());
+            // The config alone, for HF's from-config peer.
+            let cfg_dir = tempfile::tempdir()?;
+            let mut cfg = geom.config_json();
+            cfg.as_object_mut().unwrap().remove("quantization_config");
+            std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
+            let p = cfg_dir.path().to_path_buf();
+            std::mem::forget(cfg_dir);
+            (NemotronH::<B>::from_checkpoint(ck, dev)?, p, format!("synthetic {g} ({}, in memory)", a.recipe))
+        }
+    };
     sync::<B>(dev);
     let load = t0.elapsed().as_secs_f64();
     let report = m.report.clone().expect("loaded from a checkpoint");
@@ -196,7 +226,10 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         a.repeats.max(1).to_string(),
     ];
     if cuda {
-        args.extend(["--device", "cuda", "--dtype", "bfloat16", "--from-config"].map(String::from));
+        args.extend(["--device", "cuda", "--dtype", "bfloat16"].map(String::from));
+    }
+    if cuda || a.synthetic.is_some() {
+        args.push("--from-config".into());
     }
     match Command::new("python3").args(&args).output() {
         Ok(o) if o.status.success() => {

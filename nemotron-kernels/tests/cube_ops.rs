@@ -55,11 +55,14 @@ fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
         rel * scale
     );
     if d > rel * scale {
-        eprintln!(
-            "  got {:?}\n  want {:?}",
-            &got[..got.len().min(6)],
-            &want[..want.len().min(6)]
-        );
+        let bad: Vec<(usize, f32, f32)> = got
+            .iter()
+            .zip(want)
+            .enumerate()
+            .filter(|(_, (a, b))| (*a - *b).abs() > rel * scale)
+            .map(|(i, (a, b))| (i, *a, *b))
+            .collect();
+        eprintln!("  {} of {} differ; first: {:?}", bad.len(), got.len(), &bad[..bad.len().min(12)]);
     }
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
 }

@@ -47,6 +47,18 @@ pub struct LoadReport {
 
 impl LoadReport {
     pub(crate) fn new(recipe: &QuantRecipe, cfg: &NemotronHConfig, shards: &ShardSet) -> Self {
+        let file_bytes = shards.shards.iter().map(|s| s.file_bytes as u64).sum();
+        Self::empty(recipe, cfg, shards.entries.len(), shards.data_bytes(), shards.shards.len(), file_bytes)
+    }
+
+    pub(crate) fn empty(
+        recipe: &QuantRecipe,
+        cfg: &NemotronHConfig,
+        tensors_total: usize,
+        source_bytes: u64,
+        shards: usize,
+        file_bytes: u64,
+    ) -> Self {
         let recipe_s = match &recipe.kind {
             RecipeKind::Unquantized => "unquantized".to_string(),
             RecipeKind::Single(f) => format!(
@@ -57,7 +69,7 @@ impl LoadReport {
             RecipeKind::Mixed(m) => format!("MIXED_PRECISION ({} per-module entries)", m.len()),
         };
         LoadReport {
-            tensors_total: shards.entries.len(),
+            tensors_total,
             materialized: 0,
             deferred: 0,
             deferred_prefixes: BTreeMap::new(),
@@ -69,11 +81,11 @@ impl LoadReport {
             dense_tensors: BTreeMap::new(),
             widened: 0,
             host_bytes: 0,
-            source_bytes: shards.data_bytes(),
+            source_bytes,
             deferred_bytes: 0,
             widened_extra_bytes: 0,
-            shards: shards.shards.len(),
-            file_bytes: shards.shards.iter().map(|s| s.file_bytes as u64).sum(),
+            shards,
+            file_bytes,
             recipe: format!("{recipe_s} from {}", recipe.source),
             kv_cache: if recipe.kv_cache_fp8 {
                 "FP8".into()

@@ -491,6 +491,27 @@ pub fn write_checkpoint(dir: &Path, geom: &Geometry, opts: &SynthOptions) -> Res
     })
 }
 
+/// Builds the same synthetic checkpoint in memory, without writing files (for benchmarks of
+/// full-size geometries on machines with slow disks).
+pub fn build_checkpoint(geom: &Geometry, opts: &SynthOptions) -> Result<crate::Checkpoint> {
+    let mut cfg_json = geom.config_json();
+    let cfg = NemotronHConfig::from_value(&cfg_json)?;
+    let (qc, hq) = recipe_json(&cfg, opts.recipe)?;
+    if let Some(qc) = qc {
+        cfg_json["quantization_config"] = qc;
+    }
+    let recipe = QuantRecipe::from_sources(&cfg_json, hq.as_ref())?;
+    let plan = Plan::new(&cfg, &recipe)?;
+    let mut gen = Generator { seed: opts.seed, cache: BTreeMap::new() };
+    let tensors = plan
+        .specs
+        .iter()
+        .filter(|s| !s.optional || ships_optional(s, opts.recipe))
+        .map(|s| crate::HostTensor { name: s.name.clone(), dtype: s.write_dtype, shape: s.shape.clone(), bytes: gen.bytes(s, &plan) })
+        .collect();
+    crate::Checkpoint::from_tensors(cfg, recipe, tensors)
+}
+
 /// Deterministic per-tensor values: a tensor's bytes depend only on the seed and its name.
 struct Generator {
     seed: u64,

@@ -2,13 +2,16 @@
 //! CUDA, wgpu), used without Burn's fusion layer. Packed weights live on the device in their
 //! shipped form; the ops run the runtime-generic kernels of [`kernels`]. Activations enter the
 //! kernels as f32 (a bf16 model casts around them); the SSM state is f32.
+//!
+//! Kernels index dense row-major buffers: inputs go through `into_contiguous` and outputs are
+//! allocated contiguous (CUDA's default allocation may pitch rows).
 
 pub mod kernels;
 
 use crate::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
 use burn::tensor::{DType, Shape, Tensor, TensorPrimitive};
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::ops::numeric::empty_device_dtype;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use cubecl::prelude::*;
@@ -221,7 +224,7 @@ where
         );
         let x = f32_cube(x);
         let n = w.out_features;
-        let y = empty_device_dtype(
+        let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([m, n]),
@@ -256,7 +259,7 @@ where
         );
         let x = f32_cube(x);
         let n = w.out_features;
-        let y = empty_device_dtype(
+        let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([m, n]),
@@ -299,13 +302,13 @@ where
             f32_cube(state),
         );
         let client = x.client.clone();
-        let y = empty_device_dtype(
+        let y = empty_device_contiguous_dtype(
             client.clone(),
             x.device.clone(),
             Shape::new([b, t, c]),
             DType::F32,
         );
-        let ns = empty_device_dtype(
+        let ns = empty_device_contiguous_dtype(
             client.clone(),
             x.device.clone(),
             Shape::new([b, c, k - 1]),
@@ -365,7 +368,7 @@ where
             f32_cube(state),
         );
         let client = x.client.clone();
-        let y = empty_device_dtype(
+        let y = empty_device_contiguous_dtype(
             client.clone(),
             x.device.clone(),
             Shape::new([bs, t, h, p]),
