@@ -44,9 +44,10 @@ struct Args {
     prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     decode: usize,
-    /// Sequences per forward.
-    #[arg(long, default_value_t = 1)]
-    batch: usize,
+    /// Sequences per forward; a list (`1,16`) measures each after one load (batches above 1 use
+    /// prompts of at most 128 tokens).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     #[arg(long)]
@@ -135,10 +136,20 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
                 "lightning" => Geometry::lightning_30b(),
                 g => return Err(format!("unknown --synthetic {g:?}").into()),
             };
-            let recipe = SynthRecipe::parse(&a.recipe).ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
-            let opts = SynthOptions { recipe, seed: 1, max_shard_bytes: 0, misalign: false };
+            let recipe = SynthRecipe::parse(&a.recipe)
+                .ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
+            let opts = SynthOptions {
+                recipe,
+                seed: 1,
+                max_shard_bytes: 0,
+                misalign: false,
+            };
             let ck = nemotron::loader::synth::build_checkpoint(&geom, &opts)?;
-            println!("built synthetic {g} ({}) in memory in {:.1} s", a.recipe, t0.elapsed().as_secs_f64());
+            println!(
+                "built synthetic {g} ({}) in memory in {:.1} s",
+                a.recipe,
+                t0.elapsed().as_secs_f64()
+            );
             // The config alone, for HF's from-config peer.
             let cfg_dir = tempfile::tempdir()?;
             let mut cfg = geom.config_json();
@@ -146,7 +157,11 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
             std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
             let p = cfg_dir.path().to_path_buf();
             std::mem::forget(cfg_dir);
-            (NemotronH::<B>::from_checkpoint(ck, dev)?, p, format!("synthetic {g} ({}, in memory)", a.recipe))
+            (
+                NemotronH::<B>::from_checkpoint(ck, dev)?,
+                p,
+                format!("synthetic {g} ({}, in memory)", a.recipe),
+            )
         }
     };
     sync::<B>(dev);
@@ -167,45 +182,57 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         println!("device memory in use after load: {mem} bytes ({:.2} GiB) = {:.3} × the held checkpoint bytes", mem as f64 / (1u64 << 30) as f64, mem as f64 / report.host_bytes as f64);
     }
     let v = m.config.vocab_size;
-    let prompts: Vec<Vec<u32>> = (0..a.batch)
-        .map(|b| {
-            (0..a.prompt_len)
-                .map(|i| ((i * 7919 + 13 + b * 104729) % v) as u32)
-                .collect()
-        })
-        .collect();
-    let (mut pre, mut dec) = (vec![], vec![]);
-    for r in 0..=a.repeats {
-        let mut states: Vec<_> = (0..a.batch).map(|_| m.new_state()).collect();
-        let mut refs: Vec<_> = states.iter_mut().collect();
-        let toks: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
-        sync::<B>(dev);
-        let t0 = Instant::now();
-        let mut next = device_argmax(m.forward_last(&toks, &mut refs)?);
-        let t1 = Instant::now();
-        for _ in 0..a.decode {
-            let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let toks: Vec<&[u32]> = step.iter().map(|s| s.as_slice()).collect();
-            next = device_argmax(m.forward_last(&toks, &mut refs)?);
+    let mut first = (0.0, 0.0);
+    for &batch in &a.batch {
+        let plen = if batch > 1 {
+            a.prompt_len.min(128)
+        } else {
+            a.prompt_len
+        };
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|b| {
+                (0..plen)
+                    .map(|i| ((i * 7919 + 13 + b * 104729) % v) as u32)
+                    .collect()
+            })
+            .collect();
+        let (mut pre, mut dec) = (vec![], vec![]);
+        for r in 0..=a.repeats {
+            let mut states: Vec<_> = (0..batch).map(|_| m.new_state()).collect();
+            let mut refs: Vec<_> = states.iter_mut().collect();
+            let toks: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
+            sync::<B>(dev);
+            let t0 = Instant::now();
+            let mut next = device_argmax(m.forward_last(&toks, &mut refs)?);
+            let t1 = Instant::now();
+            for _ in 0..a.decode {
+                let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+                let toks: Vec<&[u32]> = step.iter().map(|s| s.as_slice()).collect();
+                next = device_argmax(m.forward_last(&toks, &mut refs)?);
+            }
+            let t2 = Instant::now();
+            if r > 0 || a.repeats == 0 {
+                pre.push((batch * plen) as f64 / (t1 - t0).as_secs_f64());
+                dec.push((batch * a.decode) as f64 / (t2 - t1).as_secs_f64());
+            }
         }
-        let t2 = Instant::now();
-        if r > 0 || a.repeats == 0 {
-            pre.push((a.batch * a.prompt_len) as f64 / (t1 - t0).as_secs_f64());
-            dec.push((a.batch * a.decode) as f64 / (t2 - t1).as_secs_f64());
+        let (p, d) = (median(pre), median(dec));
+        if first == (0.0, 0.0) {
+            first = (p, d);
         }
+        println!(
+            "nemotron-rs: prefill {p:.1} tok/s (batch {batch} × {plen} tokens), decode {d:.2} tok/s (batch {batch}, {} steps; {:.2} ms/step), median of {}",
+            a.decode,
+            1e3 * batch as f64 / d,
+            a.repeats.max(1)
+        );
     }
-    let (p, d) = (median(pre), median(dec));
-    println!(
-        "nemotron-rs: prefill {p:.1} tok/s (batch {} × {} tokens), decode {d:.2} tok/s (batch {}, {} steps; {:.2} ms/step), median of {}",
-        a.batch,
-        a.prompt_len,
-        a.batch,
-        a.decode,
-        1e3 * a.batch as f64 / d,
-        a.repeats.max(1)
-    );
+    let (p, d) = first;
     if a.split {
-        split_decode(&m, dev, &prompts[0]);
+        let prompt: Vec<u32> = (0..a.prompt_len)
+            .map(|i| ((i * 7919 + 13) % v) as u32)
+            .collect();
+        split_decode(&m, dev, &prompt);
     }
     if a.no_hf {
         println!("HF transformers: skipped (--no-hf)");
@@ -221,7 +248,7 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         "--decode".into(),
         a.decode.to_string(),
         "--batch".into(),
-        a.batch.to_string(),
+        a.batch[0].to_string(),
         "--repeats".into(),
         a.repeats.max(1).to_string(),
     ];

@@ -65,6 +65,12 @@ pub trait NemotronBackend: Backend {
     }
     fn fp8_weight(w: Fp8Matrix, device: &burn::tensor::Device<Self>) -> Self::Fp8Weight;
 
+    /// Batched `a [B, M, K] · b [B, K, N]`, accumulated in f32 element by element (no
+    /// reduced-precision tensor-core modes, no per-shape autotuning): the dense products of the
+    /// model (dense linears, the router, attention) go through it so every arm computes the same
+    /// math. NdArray uses Burn's f32 matmul.
+    fn matmul(a: Tensor<Self, 3>, b: Tensor<Self, 3>) -> Tensor<Self, 3>;
+
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` with `W` dequantized block by block inside the product
     /// (W4A16: activations stay float; a W4A4-declared checkpoint runs the same way).
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2>;

@@ -38,6 +38,10 @@ impl NemotronBackend for B {
         Arc::new(w)
     }
 
+    fn matmul(a: Tensor<Self, 3>, b: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        a.matmul(b)
+    }
+
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
         let dev = x.device();
         let (x, [m, _]) = host(x);

@@ -62,7 +62,12 @@ fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
             .filter(|(_, (a, b))| (*a - *b).abs() > rel * scale)
             .map(|(i, (a, b))| (i, *a, *b))
             .collect();
-        eprintln!("  {} of {} differ; first: {:?}", bad.len(), got.len(), &bad[..bad.len().min(12)]);
+        eprintln!(
+            "  {} of {} differ; first: {:?}",
+            bad.len(),
+            got.len(),
+            &bad[..bad.len().min(12)]
+        );
     }
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
 }
@@ -95,6 +100,23 @@ pub fn nvfp4_linear_matches<B: NemotronBackend>(dev: &B::Device) {
             &B::nvfp4_weight(w, dev),
         ));
         close(&format!("nvfp4 {m}×{k}→{n}"), &got, &want, 1e-5);
+    }
+}
+
+pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device) {
+    let mut rng = Rng(5);
+    for (b, m, k, n) in [(1, 1, 64, 96), (6, 5, 16, 23), (1, 37, 48, 20)] {
+        let a = rng.vec(b * m * k, 1.0);
+        let w = rng.vec(b * k * n, 1.0);
+        let want = host(Ref::matmul(
+            t::<Ref, 3>(&a, [b, m, k], &Default::default()),
+            t::<Ref, 3>(&w, [b, k, n], &Default::default()),
+        ));
+        let got = host(B::matmul(
+            t::<B, 3>(&a, [b, m, k], dev),
+            t::<B, 3>(&w, [b, k, n], dev),
+        ));
+        close(&format!("matmul {b}×{m}×{k}·{n}"), &got, &want, 1e-5);
     }
 }
 
@@ -224,6 +246,10 @@ mod wgpu {
         super::nvfp4_linear_matches::<B>(&dev());
     }
     #[test]
+    fn wgpu_matmul() {
+        super::matmul_matches::<B>(&dev());
+    }
+    #[test]
     fn wgpu_fp8_linear() {
         super::fp8_linear_matches::<B>(&dev());
     }
@@ -248,6 +274,11 @@ mod cuda {
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_nvfp4_linear() {
         super::nvfp4_linear_matches::<B>(&dev());
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_matmul() {
+        super::matmul_matches::<B>(&dev());
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]

@@ -226,19 +226,38 @@ impl Checkpoint {
     /// Builds a checkpoint from tensors already in memory (the synthetic models), held to the
     /// same plan as a load: unexpected, missing, mistyped or misshapen tensors are refused; the
     /// MTP tower is deferred; `A_log`/`D`/`dt_bias` are widened to f32.
-    pub fn from_tensors(config: NemotronHConfig, recipe: QuantRecipe, tensors: Vec<HostTensor>) -> Result<Self> {
+    pub fn from_tensors(
+        config: NemotronHConfig,
+        recipe: QuantRecipe,
+        tensors: Vec<HostTensor>,
+    ) -> Result<Self> {
         let plan = Plan::new(&config, &recipe)?;
         let source: u64 = tensors.iter().map(|t| t.bytes.len() as u64).sum();
         let mut report = LoadReport::empty(&recipe, &config, tensors.len(), source, 0, 0);
         let mut held: HashMap<String, HostTensor> = HashMap::with_capacity(tensors.len());
         let memory = PathBuf::from("<memory>");
         for t in tensors {
-            let s = plan.get(&t.name).ok_or_else(|| LoadError::UnexpectedTensor { tensor: t.name.clone(), file: memory.clone() })?;
+            let s = plan
+                .get(&t.name)
+                .ok_or_else(|| LoadError::UnexpectedTensor {
+                    tensor: t.name.clone(),
+                    file: memory.clone(),
+                })?;
             if !s.allowed.contains(&t.dtype) || !s.shape_matches(&t.shape) {
-                return Err(LoadError::Shape { tensor: t.name, file: memory, found: t.shape, expected: s.shape.clone(), what: s.what.clone() });
+                return Err(LoadError::Shape {
+                    tensor: t.name,
+                    file: memory,
+                    found: t.shape,
+                    expected: s.shape.clone(),
+                    what: s.what.clone(),
+                });
             }
             if s.deferred {
-                let prefix = DEFERRED_PREFIXES.iter().find(|p| t.name.starts_with(**p)).copied().unwrap_or("other");
+                let prefix = DEFERRED_PREFIXES
+                    .iter()
+                    .find(|p| t.name.starts_with(**p))
+                    .copied()
+                    .unwrap_or("other");
                 report.count_deferred(prefix, t.bytes.len() as u64);
                 continue;
             }
@@ -246,7 +265,11 @@ impl Checkpoint {
             let source = t.bytes.len() as u64;
             let t = if s.role == Role::Widened && t.dtype != DType::F32 {
                 let v = t.to_f32_vec().expect("float");
-                HostTensor { bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(), dtype: DType::F32, ..t }
+                HostTensor {
+                    bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    dtype: DType::F32,
+                    ..t
+                }
             } else {
                 t
             };
@@ -255,7 +278,10 @@ impl Checkpoint {
         }
         for s in plan.specs.iter().filter(|s| !s.optional && !s.deferred) {
             if !held.contains_key(&s.name) {
-                return Err(LoadError::MissingTensor { tensor: s.name.clone(), what: s.what.clone() });
+                return Err(LoadError::MissingTensor {
+                    tensor: s.name.clone(),
+                    what: s.what.clone(),
+                });
             }
         }
         for l in plan.linears.iter().filter(|l| !l.deferred) {
@@ -263,7 +289,13 @@ impl Checkpoint {
         }
         report.finish();
         let weights = assemble(&config, &plan, &mut held)?;
-        Ok(Checkpoint { dir: memory, config, recipe, weights, report })
+        Ok(Checkpoint {
+            dir: memory,
+            config,
+            recipe,
+            weights,
+            report,
+        })
     }
 }
 

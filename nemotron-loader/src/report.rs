@@ -48,7 +48,14 @@ pub struct LoadReport {
 impl LoadReport {
     pub(crate) fn new(recipe: &QuantRecipe, cfg: &NemotronHConfig, shards: &ShardSet) -> Self {
         let file_bytes = shards.shards.iter().map(|s| s.file_bytes as u64).sum();
-        Self::empty(recipe, cfg, shards.entries.len(), shards.data_bytes(), shards.shards.len(), file_bytes)
+        Self::empty(
+            recipe,
+            cfg,
+            shards.entries.len(),
+            shards.data_bytes(),
+            shards.shards.len(),
+            file_bytes,
+        )
     }
 
     pub(crate) fn empty(

@@ -502,12 +502,20 @@ pub fn build_checkpoint(geom: &Geometry, opts: &SynthOptions) -> Result<crate::C
     }
     let recipe = QuantRecipe::from_sources(&cfg_json, hq.as_ref())?;
     let plan = Plan::new(&cfg, &recipe)?;
-    let mut gen = Generator { seed: opts.seed, cache: BTreeMap::new() };
+    let mut gen = Generator {
+        seed: opts.seed,
+        cache: BTreeMap::new(),
+    };
     let tensors = plan
         .specs
         .iter()
         .filter(|s| !s.optional || ships_optional(s, opts.recipe))
-        .map(|s| crate::HostTensor { name: s.name.clone(), dtype: s.write_dtype, shape: s.shape.clone(), bytes: gen.bytes(s, &plan) })
+        .map(|s| crate::HostTensor {
+            name: s.name.clone(),
+            dtype: s.write_dtype,
+            shape: s.shape.clone(),
+            bytes: gen.bytes(s, &plan),
+        })
         .collect();
     crate::Checkpoint::from_tensors(cfg, recipe, tensors)
 }

@@ -206,15 +206,39 @@ fn tiny_bf16_counts() {
 
 #[test]
 fn in_memory_build_equals_the_written_checkpoint() {
-    for recipe in [SynthRecipe::LightningMixed, SynthRecipe::NanoNvfp4, SynthRecipe::Bf16] {
+    for recipe in [
+        SynthRecipe::LightningMixed,
+        SynthRecipe::NanoNvfp4,
+        SynthRecipe::Bf16,
+    ] {
         let dir = tempfile::tempdir().unwrap();
-        let opts = SynthOptions { recipe, seed: 9, max_shard_bytes: 0, misalign: false };
+        let opts = SynthOptions {
+            recipe,
+            seed: 9,
+            max_shard_bytes: 0,
+            misalign: false,
+        };
         write_checkpoint(dir.path(), &Geometry::tiny(), &opts).unwrap();
         let disk = Checkpoint::load(dir.path()).unwrap();
         let mem = nemotron_loader::synth::build_checkpoint(&Geometry::tiny(), &opts).unwrap();
         assert_eq!(disk.weights, mem.weights, "{recipe:?}");
         assert_eq!(disk.config, mem.config);
         let (a, b) = (&disk.report, &mem.report);
-        assert_eq!((a.tensors_total, a.materialized, a.deferred, a.host_bytes, a.source_bytes), (b.tensors_total, b.materialized, b.deferred, b.host_bytes, b.source_bytes));
+        assert_eq!(
+            (
+                a.tensors_total,
+                a.materialized,
+                a.deferred,
+                a.host_bytes,
+                a.source_bytes
+            ),
+            (
+                b.tensors_total,
+                b.materialized,
+                b.deferred,
+                b.host_bytes,
+                b.source_bytes
+            )
+        );
     }
 }

@@ -77,7 +77,7 @@ impl<B: NemotronBackend> Attention<B> {
                     .expand([kvh, rep, s, hd])
                     .reshape([nh, s, hd])
             };
-            let scores = qb.matmul(expand(kall).swap_dims(1, 2)) * scale;
+            let scores = B::matmul(qb, expand(kall).swap_dims(1, 2)) * scale;
             let mask: Vec<bool> = (0..len)
                 .flat_map(|i| (0..s).map(move |j| j > past + i))
                 .collect();
@@ -85,8 +85,7 @@ impl<B: NemotronBackend> Attention<B> {
                 .unsqueeze::<3>()
                 .expand([nh, len, s]);
             let probs = softmax(scores.mask_fill(mask, MASKED), 2);
-            let o = probs
-                .matmul(expand(vall))
+            let o = B::matmul(probs, expand(vall))
                 .swap_dims(0, 1)
                 .reshape([len, nh * hd]);
             let o = if len < t {

@@ -85,11 +85,11 @@ impl<B: NemotronBackend> Linear<B> {
         let rows = dims.iter().take(D - 1).product::<usize>();
         let x2: Tensor<B, 2> = x.reshape([rows, k]);
         let y = match self {
-            Linear::Dense(w) => x2.matmul(w.clone()),
+            Linear::Dense(w) => mm(x2, w.clone()),
             Linear::Nvfp4 { weight, .. } => B::nvfp4_linear(x2, weight),
             Linear::Fp8 {
                 dequant: Some(w), ..
-            } => x2.matmul(w.clone()),
+            } => mm(x2, w.clone()),
             Linear::Fp8 { weight, .. } => B::fp8_linear(x2, weight),
         };
         let mut out = dims;
@@ -116,4 +116,9 @@ impl<B: NemotronBackend> Linear<B> {
             ));
         }
     }
+}
+
+/// `[M, K] · [K, N]` through the backend's exact-f32 matmul.
+pub(crate) fn mm<B: NemotronBackend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    B::matmul(x.unsqueeze::<3>(), w.unsqueeze::<3>()).squeeze_dim(0)
 }

@@ -31,7 +31,7 @@ impl<B: NemotronBackend> Moe<B> {
         let c = &self.cfg;
         let n = x.dims()[0];
         let e = c.n_routed_experts;
-        let scores = sigmoid(x.matmul(self.router_t.clone()));
+        let scores = sigmoid(crate::linear::mm(x, self.router_t.clone()));
         let choice = scores.clone() + self.correction_bias.clone().unsqueeze::<2>();
         let choice = if c.n_group > 1 {
             // DeepSeek-V3 rule: a group's score is the sum of its two best biased scores; keep the

@@ -231,3 +231,29 @@ pub fn selective_scan_kernel(
         y[((b * t_max + t) * h + hh) * p + pp] = acc + d[hh] * xv;
     }
 }
+
+/// Batched `c[b, m, n] = Σ_k a[b, m, k] · w[b, k, n]`, one unit per output, f32 accumulation.
+#[cube(launch)]
+pub fn matmul_kernel(
+    a: &Array<f32>,
+    w: &Array<f32>,
+    c: &mut Array<f32>,
+    batch: u32,
+    m: u32,
+    k: u32,
+    n: u32,
+) {
+    let id = ABSOLUTE_POS;
+    let (batch, m, k, n) = (batch as usize, m as usize, k as usize, n as usize);
+    if id >= batch * m * n {
+        terminate!();
+    }
+    let bb = id / (m * n);
+    let r = (id / n) % m;
+    let col = id % n;
+    let mut acc = 0.0f32;
+    for kk in 0..k {
+        acc += a[(bb * m + r) * k + kk] * w[(bb * k + kk) * n + col];
+    }
+    c[id] = acc;
+}

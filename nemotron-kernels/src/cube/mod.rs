@@ -214,6 +214,38 @@ where
         }
     }
 
+    fn matmul(a: Tensor<Self, 3>, b: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let dtype = a.dtype();
+        let [bs, m, k] = a.dims();
+        let [bs2, k2, n] = b.dims();
+        assert!(
+            bs == bs2 && k == k2,
+            "matmul: [{bs}, {m}, {k}] · [{bs2}, {k2}, {n}]"
+        );
+        let (a, b) = (f32_cube(a), f32_cube(b));
+        let client = a.client.clone();
+        let c = empty_device_contiguous_dtype(
+            client.clone(),
+            a.device.clone(),
+            Shape::new([bs, m, n]),
+            DType::F32,
+        );
+        let (count, dim) = elemwise_count(bs * m * n);
+        kernels::matmul_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            array(&a),
+            array(&b),
+            array(&c),
+            bs as u32,
+            m as u32,
+            k as u32,
+            n as u32,
+        );
+        from_cube::<Self, 3>(c, dtype)
+    }
+
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
         let dtype = x.dtype();
         let [m, k] = x.dims();
