@@ -103,8 +103,8 @@ impl<B: NemotronBackend> NemotronH<B> {
                         None => None,
                     };
                     Mixer::Moe(Moe {
-                        router_t: to_tensor_transposed::<B>(&m.router, dev),
-                        correction_bias: to_tensor(&m.correction_bias, dev),
+                        router_t: crate::util::to_f32_tensor_transposed::<B>(&m.router, dev),
+                        correction_bias: crate::util::to_f32_tensor::<B>(&m.correction_bias, dev),
                         experts,
                         shared,
                         cfg: cfg.moe.clone().expect("validated"),

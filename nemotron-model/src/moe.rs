@@ -3,7 +3,7 @@
 //! experts, plus a shared expert on the same input.
 
 use crate::mlp::Mlp;
-use burn::tensor::{activation::sigmoid, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{activation::sigmoid, DType, IndexingUpdateOp, Int, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
 
 /// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
@@ -31,6 +31,8 @@ impl<B: NemotronBackend> Moe<B> {
         let c = &self.cfg;
         let n = x.dims()[0];
         let e = c.n_routed_experts;
+        // The router runs in f32 whatever the activation dtype (its weights are kept f32).
+        let x = if x.dtype() == DType::F32 { x } else { x.cast(DType::F32) };
         let scores = sigmoid(crate::linear::mm(x, self.router_t.clone()));
         let choice = scores.clone() + self.correction_bias.clone().unsqueeze::<2>();
         let choice = if c.n_group > 1 {
@@ -80,7 +82,9 @@ impl<B: NemotronBackend> Moe<B> {
             .convert::<f32>()
             .into_vec()
             .expect("f32 weights");
-        let mut out = Tensor::<B, 2>::zeros([b * t, hid], &dev);
+        // The routed sum accumulates in f32 (as HF does), then returns to the activation dtype.
+        let dtype = x.dtype();
+        let mut out = Tensor::<B, 2>::zeros([b * t, hid], (&dev, DType::F32));
         for (e, expert) in self.experts.iter().enumerate() {
             let (toks, ws): (Vec<i64>, Vec<f32>) = idx_h
                 .iter()
@@ -94,10 +98,12 @@ impl<B: NemotronBackend> Moe<B> {
             let m = toks.len();
             let tok_t = Tensor::<B, 1, Int>::from_data(TensorData::new(toks, [m]), &dev);
             let ye = expert.forward(x.clone().select(0, tok_t.clone()));
-            let wt =
-                Tensor::<B, 1>::from_data(TensorData::new(ws, [m]), &dev).unsqueeze_dim::<2>(1);
+            let ye = if ye.dtype() == DType::F32 { ye } else { ye.cast(DType::F32) };
+            let wt = Tensor::<B, 1>::from_data(TensorData::new(ws, [m]), (&dev, DType::F32))
+                .unsqueeze_dim::<2>(1);
             out = out.select_assign(0, tok_t, ye * wt, IndexingUpdateOp::Add);
         }
+        let mut out = if dtype == DType::F32 { out } else { out.cast(dtype) };
         if let Some(s) = &self.shared {
             out = out + s.forward(x);
         }
