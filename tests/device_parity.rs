@@ -22,7 +22,8 @@ use nemotron::model::{Deviations, NemotronH};
 const F32_BAND: f32 = 1e-5;
 const W8A8_BAND: f32 = 0.15;
 /// bf16 activations (weights as shipped, f32 router/scan state), relative to the logit scale.
-/// Measured on the H200: see docs/PERF.md and the CUDA test output.
+/// Provisional: the bf16 arm does not meet it yet (docs/PERF.md §4); to be set from a
+/// measurement once it does.
 const BF16_BAND: f32 = 0.05;
 
 fn hf<Bk: NemotronBackend>(
@@ -146,8 +147,10 @@ mod cuda {
     fn cuda_f32_matches_host() {
         super::device_matches_host::<CudaBackend<f32>>(&Default::default(), super::F32_BAND);
     }
+    // The bf16 tests currently FAIL on the H200 (2026-11-29: max |Δ| 1.34 vs HF, 3.2 vs the host
+    // at logit scale ≈ 4; f32 on the same GPU is within 3.5e-6): a bf16-specific defect, open.
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (bf16: known failing, see docs/PERF.md §4)"]
     fn cuda_bf16_matches_hf() {
         super::hf_fixtures_match::<CudaBackend<bf16>>(
             &Default::default(),
@@ -156,12 +159,12 @@ mod cuda {
         );
     }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (bf16: known failing, see docs/PERF.md §4)"]
     fn cuda_bf16_band_is_armed() {
         super::band_is_armed::<CudaBackend<bf16>>(&Default::default(), super::BF16_BAND);
     }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (bf16: known failing, see docs/PERF.md §4)"]
     fn cuda_bf16_matches_host() {
         super::device_matches_host::<CudaBackend<bf16>>(&Default::default(), super::BF16_BAND);
     }

@@ -32,7 +32,11 @@ impl<B: NemotronBackend> Moe<B> {
         let n = x.dims()[0];
         let e = c.n_routed_experts;
         // The router runs in f32 whatever the activation dtype (its weights are kept f32).
-        let x = if x.dtype() == DType::F32 { x } else { x.cast(DType::F32) };
+        let x = if x.dtype() == DType::F32 {
+            x
+        } else {
+            x.cast(DType::F32)
+        };
         let scores = sigmoid(crate::linear::mm(x, self.router_t.clone()));
         let choice = scores.clone() + self.correction_bias.clone().unsqueeze::<2>();
         let choice = if c.n_group > 1 {
@@ -98,12 +102,20 @@ impl<B: NemotronBackend> Moe<B> {
             let m = toks.len();
             let tok_t = Tensor::<B, 1, Int>::from_data(TensorData::new(toks, [m]), &dev);
             let ye = expert.forward(x.clone().select(0, tok_t.clone()));
-            let ye = if ye.dtype() == DType::F32 { ye } else { ye.cast(DType::F32) };
+            let ye = if ye.dtype() == DType::F32 {
+                ye
+            } else {
+                ye.cast(DType::F32)
+            };
             let wt = Tensor::<B, 1>::from_data(TensorData::new(ws, [m]), (&dev, DType::F32))
                 .unsqueeze_dim::<2>(1);
             out = out.select_assign(0, tok_t, ye * wt, IndexingUpdateOp::Add);
         }
-        let mut out = if dtype == DType::F32 { out } else { out.cast(dtype) };
+        let mut out = if dtype == DType::F32 {
+            out
+        } else {
+            out.cast(dtype)
+        };
         if let Some(s) = &self.shared {
             out = out + s.forward(x);
         }

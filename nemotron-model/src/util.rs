@@ -63,14 +63,21 @@ pub fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
 /// Like [`to_tensor_transposed`], but stored as f32 whatever the backend's float dtype (the
 /// router stays f32 on bf16 backends).
 pub fn to_f32_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
-    let v = t.to_f32_vec().unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
+    let v = t
+        .to_f32_vec()
+        .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
     let (r, c) = (t.shape[0], t.shape[1]);
-    Tensor::from_data(TensorData::new(transpose(&v, r, c), [c, r]), (dev, burn::tensor::DType::F32))
+    Tensor::from_data(
+        TensorData::new(transpose(&v, r, c), [c, r]),
+        (dev, burn::tensor::DType::F32),
+    )
 }
 
 /// A float host vector as an f32 Burn tensor whatever the backend's float dtype.
 pub fn to_f32_tensor<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 1> {
-    let v = t.to_f32_vec().unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
+    let v = t
+        .to_f32_vec()
+        .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
     let n = v.len();
     Tensor::from_data(TensorData::new(v, [n]), (dev, burn::tensor::DType::F32))
 }
