@@ -84,7 +84,11 @@ impl<B: NemotronBackend> Attention<B> {
             let mask = Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
                 .unsqueeze::<3>()
                 .expand([nh, len, s]);
-            let probs = softmax(scores.mask_fill(mask, MASKED), 2);
+            // Softmax in f32 whatever the activation dtype, then back for the value product.
+            let probs = crate::norm::from_f32(
+                softmax(crate::norm::to_f32(scores).mask_fill(mask, MASKED), 2),
+                vall.dtype(),
+            );
             let o = B::matmul(probs, expand(vall))
                 .swap_dims(0, 1)
                 .reshape([len, nh * hd]);
