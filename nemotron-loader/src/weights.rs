@@ -92,20 +92,6 @@ impl LinearWeight {
             }
         }
     }
-
-    /// Bytes held for this linear.
-    pub fn host_bytes(&self) -> usize {
-        match self {
-            LinearWeight::Dense(t) => t.bytes.len(),
-            LinearWeight::Nvfp4(w) => {
-                w.packed.bytes.len()
-                    + w.block_scales.bytes.len()
-                    + 4
-                    + w.input_scale.map_or(0, |_| 4)
-            }
-            LinearWeight::Fp8(w) => w.weight.bytes.len() + 8,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -255,14 +255,12 @@ fn shape_mismatch() {
 
 #[test]
 fn transposed_nvfp4_orientation() {
-    // An [in, out/2]-shaped packed weight: orientation is checked, not just the byte count.
+    // Block scales shaped [in/16, out]: orientation is checked, not just the byte count.
     let ck = Ck::new(LM, SHARD);
-    let name = "backbone.layers.1.mixer.experts.0.up_proj.weight"; // U8 [32, 32] for [out=32, in=64]
     let ws = "backbone.layers.1.mixer.experts.0.up_proj.weight_scale"; // [32, 4]
     ck.edit_shard(ws, |ts| {
         ts.iter_mut().find(|t| t.name == ws).unwrap().shape = vec![4, 32];
     });
-    let _ = name;
     mentions(&ck.refused(), &[ws, "[4, 32]", "[32, 4]"]);
 }
 

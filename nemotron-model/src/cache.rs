@@ -27,22 +27,3 @@ pub struct SequenceState<B: Backend> {
     /// Tokens consumed so far.
     pub position: usize,
 }
-
-impl<B: Backend> SequenceState<B> {
-    /// Bytes of state held (f32 elements).
-    pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Mamba { conv, ssm } => {
-                    4 * (conv.shape().num_elements() + ssm.shape().num_elements())
-                }
-                LayerState::Attention { k, v } => {
-                    4 * (k.as_ref().map_or(0, |t| t.shape().num_elements())
-                        + v.as_ref().map_or(0, |t| t.shape().num_elements()))
-                }
-                LayerState::Stateless => 0,
-            })
-            .sum()
-    }
-}
