@@ -40,8 +40,9 @@ struct Args {
     /// Recipe for --synthetic: bf16 | nano-nvfp4 | lightning-mixed
     #[arg(long, default_value = "lightning-mixed")]
     recipe: String,
-    #[arg(long, default_value_t = 128)]
-    prompt_len: usize,
+    /// Prompt lengths; a list (`1024,8192`) measures batch-1 prefill at each (HF at the first).
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    prompt_len: Vec<usize>,
     #[arg(long, default_value_t = 32)]
     decode: usize,
     /// Sequences per forward; a list (`1,16`) measures each after one load (batches above 1 use
@@ -58,6 +59,11 @@ struct Args {
     /// Also split one batch-1 decode step by layer kind (synchronizing after every block).
     #[arg(long)]
     split: bool,
+    /// Log every kernel of one batch-1 decode step (count and time per kernel name) through
+    /// CubeCL's profiler (sets CUBECL_DEBUG_OPTION=profile, CUBECL_DEBUG_LOG=stdout; cube
+    /// backends only). Run it last: profiling stays on for the rest of the process.
+    #[arg(long)]
+    profile_step: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -67,6 +73,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let a = Args::parse();
+    if a.profile_step {
+        // Before any device exists: CubeCL reads its configuration once, at first use.
+        std::env::set_var("CUBECL_DEBUG_OPTION", "profile");
+        std::env::set_var("CUBECL_DEBUG_LOG", "stdout");
+    }
     let r = (|| -> Result<(), String> {
         let kind: BackendKind = a
             .backend
@@ -183,12 +194,18 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
     }
     let v = m.config.vocab_size;
     let mut first = (0.0, 0.0);
-    for &batch in &a.batch {
-        let plen = if batch > 1 {
-            a.prompt_len.min(128)
-        } else {
-            a.prompt_len
-        };
+    let runs: Vec<(usize, usize)> = a
+        .batch
+        .iter()
+        .flat_map(|&b| {
+            if b > 1 {
+                vec![(b, a.prompt_len[0].min(128))]
+            } else {
+                a.prompt_len.iter().map(|&p| (1, p)).collect()
+            }
+        })
+        .collect();
+    for (batch, plen) in runs {
         let prompts: Vec<Vec<u32>> = (0..batch)
             .map(|b| {
                 (0..plen)
@@ -228,11 +245,16 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         );
     }
     let (p, d) = first;
-    if a.split {
-        let prompt: Vec<u32> = (0..a.prompt_len)
+    if a.split || a.profile_step {
+        let prompt: Vec<u32> = (0..a.prompt_len[0].min(1024))
             .map(|i| ((i * 7919 + 13) % v) as u32)
             .collect();
-        split_decode(&m, dev, &prompt);
+        if a.split {
+            split_decode(&m, dev, &prompt);
+        }
+        if a.profile_step {
+            profile_step(&m, dev, &prompt);
+        }
     }
     if a.no_hf {
         println!("HF transformers: skipped (--no-hf)");
@@ -244,7 +266,7 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         script.to_string(),
         dir.to_str().unwrap().to_string(),
         "--prompt-len".into(),
-        a.prompt_len.to_string(),
+        a.prompt_len[0].to_string(),
         "--decode".into(),
         a.decode.to_string(),
         "--batch".into(),
@@ -290,6 +312,44 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         Err(e) => println!("HF transformers: NOT MEASURED (python3 not runnable: {e})"),
     }
     Ok(())
+}
+
+/// One batch-1 decode step block by block under CubeCL's kernel profiler: a marker line after each
+/// block (after a sync and a pause for the asynchronous log), so the kernel lines between two
+/// markers are that block's.
+fn profile_step<B: NemotronBackend>(m: &NemotronH<B>, dev: &B::Device, prompt: &[u32]) {
+    let mut s = m.new_state();
+    let _ = m.forward_last(&[prompt], &mut [&mut s]).expect("prefill");
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(100));
+    let ids =
+        Tensor::<B, 2, burn::tensor::Int>::from_data(TensorData::new(vec![7i64], [1, 1]), dev);
+    sync::<B>(dev);
+    pause();
+    println!("=== profile: begin (one batch-1 decode step)");
+    let mut x = burn::tensor::module::embedding(m.embeddings.clone(), ids);
+    sync::<B>(dev);
+    pause();
+    println!("=== profile: embedding");
+    for (l, block) in m.layers.iter().enumerate() {
+        x = block.forward(x, &[1], &mut [&mut s], l, &Default::default());
+        sync::<B>(dev);
+        pause();
+        println!("=== profile: layer {l} {}", kind(&block.mixer));
+    }
+    let logits = m.lm_head.forward(m.norm_f.forward(x));
+    let _ = device_argmax(logits.reshape([1, m.config.vocab_size]));
+    sync::<B>(dev);
+    pause();
+    println!("=== profile: head");
+}
+
+fn kind<B: NemotronBackend>(m: &Mixer<B>) -> &'static str {
+    match m {
+        Mixer::Mamba(_) => "mamba2",
+        Mixer::Moe(_) => "moe",
+        Mixer::Attention(_) => "attention",
+        Mixer::Mlp(_) => "mlp",
+    }
 }
 
 /// One batch-1 decode step, synchronizing after each block, timed by layer kind.

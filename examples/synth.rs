@@ -29,6 +29,10 @@ struct Args {
     /// Make every tensor offset odd.
     #[arg(long)]
     misalign: bool,
+    /// Write only config.json (without its quantization config): what HF's from-config peer in
+    /// `tools/hf_bench.py --from-config` needs.
+    #[arg(long)]
+    config_only: bool,
 }
 
 fn main() {
@@ -51,6 +55,19 @@ fn main() {
         max_shard_bytes: a.shard_mb << 20,
         misalign: a.misalign,
     };
+    if a.config_only {
+        let mut cfg = geom.config_json();
+        if let Some(o) = cfg.as_object_mut() {
+            o.remove("quantization_config");
+        }
+        let r = std::fs::create_dir_all(&a.out)
+            .and_then(|_| std::fs::write(a.out.join("config.json"), cfg.to_string()));
+        match r {
+            Ok(()) => println!("wrote {}", a.out.join("config.json").display()),
+            Err(e) => fail(&format!("{}: {e}", a.out.display())),
+        }
+        return;
+    }
     let t0 = Instant::now();
     match write_checkpoint(&a.out, &geom, &opts) {
         Ok(s) => println!(

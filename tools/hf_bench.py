@@ -7,7 +7,8 @@
 --from-config builds the model from DIR/config.json with random weights directly on the device
 (for quantized checkpoints HF cannot load, and for the 30B geometry without a 63 GB BF16 copy);
 the speed does not depend on the weights' values.
-Prints one JSON line: {"prefill_tok_s": median, "decode_tok_s": median, ...}. Prefill = one
+--runs 1x1024,1x8192,16x128 measures several (batch x prompt) shapes after one load, a JSON
+line each. Prints one JSON line per shape: {"prefill_tok_s": median, "decode_tok_s": median, ...}. Prefill = one
 forward over random prompts (use_cache=True); decode = greedy steps fed one token at a time with
 that cache, timed after the prefill.
 """
@@ -24,6 +25,7 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--from-config", action="store_true")
+    ap.add_argument("--runs", default="", help="BxP,BxP,...: overrides --batch/--prompt-len")
     a = ap.parse_args()
     import torch, transformers
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -41,9 +43,16 @@ def main():
     else:
         m = AutoModelForCausalLM.from_pretrained(a.dir, dtype=dtype, attn_implementation="eager").to(a.device).eval()
     m.generation_config.eos_token_id = None
+    runs = [tuple(int(v) for v in r.split("x")) for r in a.runs.split(",")] if a.runs else [(a.batch, a.prompt_len)]
+    for batch, plen in runs:
+        measure(m, a, batch, plen)
+
+
+def measure(m, a, batch, plen):
+    import torch, transformers
     V = m.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, V, (a.batch, a.prompt_len), generator=g).to(a.device)
+    ids = torch.randint(0, V, (batch, plen), generator=g).to(a.device)
     sync = (lambda: torch.cuda.synchronize()) if a.device.startswith("cuda") else (lambda: None)
     pre, dec = [], []
     with torch.inference_mode():
@@ -53,7 +62,7 @@ def main():
             sync(); t1 = time.perf_counter()
             cache = out.past_key_values
             tok = out.logits[:, -1:].argmax(-1)
-            pos = a.prompt_len
+            pos = plen
             for _ in range(a.decode):
                 out = m(tok, past_key_values=cache, use_cache=True, logits_to_keep=1,
                         cache_position=torch.tensor([pos], device=a.device))
@@ -62,12 +71,14 @@ def main():
                 pos += 1
             sync(); t2 = time.perf_counter()
             if r > 0:  # the first run warms up
-                pre.append(a.batch * a.prompt_len / (t1 - t0))
-                dec.append(a.batch * a.decode / (t2 - t1))
+                pre.append(batch * plen / (t1 - t0))
+                dec.append(batch * a.decode / (t2 - t1))
+            del out, cache
     print(json.dumps({"prefill_tok_s": statistics.median(pre), "decode_tok_s": statistics.median(dec),
                       "transformers": transformers.__version__, "torch": torch.__version__,
                       "threads": torch.get_num_threads(), "device": a.device, "dtype": a.dtype,
-                      "batch": a.batch, "from_config": a.from_config}))
+                      "batch": batch, "prompt_len": plen, "from_config": a.from_config}), flush=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -57,7 +57,33 @@ pub trait NemotronBackend: Backend {
     /// An FP8 matrix resident on the device, still 8-bit.
     type Fp8Weight: Clone + Send + Sync + std::fmt::Debug;
 
+    /// The NVFP4 routed experts of one projection of one MoE layer (all experts, same shape),
+    /// resident on the device, still packed.
+    type Nvfp4Experts: Clone + Send + Sync + std::fmt::Debug;
+
+    /// The FP8 (W8A8) routed experts of one projection of one MoE layer, resident on the device.
+    type Fp8Experts: Clone + Send + Sync + std::fmt::Debug;
+
     fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight;
+
+    /// Uploads the FP8 experts `[E]` of one projection; every matrix has the same shape, each
+    /// keeps its own weight and input scales.
+    fn fp8_experts(w: Vec<Fp8Matrix>, device: &burn::tensor::Device<Self>) -> Self::Fp8Experts;
+
+    /// [`Self::nvfp4_expert_linear`] for FP8 W8A8 experts (each slot quantizes its input with its
+    /// expert's static input scale).
+    fn fp8_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Fp8Experts,
+    ) -> Tensor<Self, 2>;
+
+    /// Uploads the experts `[E]` of one projection; every matrix has the same shape.
+    fn nvfp4_experts(
+        w: Vec<Nvfp4Matrix>,
+        device: &burn::tensor::Device<Self>,
+    ) -> Self::Nvfp4Experts;
 
     /// Bytes of device memory in use, where the backend can tell.
     fn memory_in_use(_device: &burn::tensor::Device<Self>) -> Option<u64> {
@@ -74,6 +100,18 @@ pub trait NemotronBackend: Backend {
     /// `y[m, n] = Σ_k x[m, k] · W[n, k]` with `W` dequantized block by block inside the product
     /// (W4A16: activations stay float; a W4A4-declared checkpoint runs the same way).
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2>;
+
+    /// Routed-expert linear, one output row per routing slot: `y[s] = W[e(s)] · x[s / div]` with
+    /// `e(s) = experts[s]` (`x`: `[R, in]`, `experts`: `[S]` indices, `y`: `[S, out]`). With
+    /// `div = top_k` the slots of a token share its input row (up projections); with `div = 1`
+    /// each slot has its own (down projections). Indices are read on the device: nothing comes
+    /// back to the host.
+    fn nvfp4_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Nvfp4Experts,
+    ) -> Tensor<Self, 2>;
 
     /// Static W8A8: `xq = e4m3(clamp(x / input_scale, ±448))`,
     /// `y = (xq · e4m3(W)ᵀ) · (input_scale · weight_scale)`.

@@ -18,6 +18,16 @@ fn host<const D: usize>(t: Tensor<B, D>) -> (Vec<f32>, [usize; D]) {
     )
 }
 
+fn indices(t: Tensor<B, 1, burn::tensor::Int>) -> Vec<usize> {
+    t.into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .expect("int indices")
+        .into_iter()
+        .map(|v| v as usize)
+        .collect()
+}
+
 fn device<const D: usize>(
     v: Vec<f32>,
     shape: [usize; D],
@@ -29,6 +39,51 @@ fn device<const D: usize>(
 impl NemotronBackend for B {
     type Nvfp4Weight = Arc<Nvfp4Matrix>;
     type Fp8Weight = Arc<Fp8Matrix>;
+    type Nvfp4Experts = Arc<Vec<Nvfp4Matrix>>;
+    type Fp8Experts = Arc<Vec<Fp8Matrix>>;
+
+    fn fp8_experts(w: Vec<Fp8Matrix>, _device: &burn::tensor::Device<Self>) -> Self::Fp8Experts {
+        Arc::new(w)
+    }
+
+    fn fp8_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Fp8Experts,
+    ) -> Tensor<Self, 2> {
+        let dev = x.device();
+        let (x, _) = host(x);
+        let e = indices(experts);
+        let out = w[0].out_features;
+        let n = e.len();
+        device(reference::fp8_expert_linear(&x, &e, div, w), [n, out], &dev)
+    }
+
+    fn nvfp4_experts(
+        w: Vec<Nvfp4Matrix>,
+        _device: &burn::tensor::Device<Self>,
+    ) -> Self::Nvfp4Experts {
+        Arc::new(w)
+    }
+
+    fn nvfp4_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Nvfp4Experts,
+    ) -> Tensor<Self, 2> {
+        let dev = x.device();
+        let (x, _) = host(x);
+        let e = indices(experts);
+        let out = w[0].out_features;
+        let n = e.len();
+        device(
+            reference::nvfp4_expert_linear(&x, &e, div, w),
+            [n, out],
+            &dev,
+        )
+    }
 
     fn nvfp4_weight(w: Nvfp4Matrix, _device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight {
         Arc::new(w)

@@ -80,6 +80,54 @@ pub fn nvfp4_linear(x: &[f32], rows: usize, w: &Nvfp4Matrix) -> Vec<f32> {
     })
 }
 
+/// Routed-expert NVFP4 linear: row `s` of the output is `W[experts[s]] · x[s / div]`. The slots
+/// of one expert are gathered and multiplied together (the weight is dequantized once per call).
+pub fn nvfp4_expert_linear(
+    x: &[f32],
+    experts: &[usize],
+    div: usize,
+    w: &[Nvfp4Matrix],
+) -> Vec<f32> {
+    let (k, out) = (w[0].in_features, w[0].out_features);
+    let mut y = vec![0f32; experts.len() * out];
+    for (e, m) in w.iter().enumerate() {
+        let slots: Vec<usize> = (0..experts.len()).filter(|&s| experts[s] == e).collect();
+        if slots.is_empty() {
+            continue;
+        }
+        let xs: Vec<f32> = slots
+            .iter()
+            .flat_map(|&s| x[(s / div) * k..(s / div + 1) * k].iter().copied())
+            .collect();
+        let ys = nvfp4_linear(&xs, slots.len(), m);
+        for (i, &s) in slots.iter().enumerate() {
+            y[s * out..(s + 1) * out].copy_from_slice(&ys[i * out..(i + 1) * out]);
+        }
+    }
+    y
+}
+
+/// Routed-expert FP8 W8A8 linear, grouped like [`nvfp4_expert_linear`].
+pub fn fp8_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Fp8Matrix]) -> Vec<f32> {
+    let (k, out) = (w[0].in_features, w[0].out_features);
+    let mut y = vec![0f32; experts.len() * out];
+    for (e, m) in w.iter().enumerate() {
+        let slots: Vec<usize> = (0..experts.len()).filter(|&s| experts[s] == e).collect();
+        if slots.is_empty() {
+            continue;
+        }
+        let xs: Vec<f32> = slots
+            .iter()
+            .flat_map(|&s| x[(s / div) * k..(s / div + 1) * k].iter().copied())
+            .collect();
+        let ys = fp8_linear(&xs, slots.len(), m);
+        for (i, &s) in slots.iter().enumerate() {
+            y[s * out..(s + 1) * out].copy_from_slice(&ys[i * out..(i + 1) * out]);
+        }
+    }
+    y
+}
+
 /// Static per-tensor FP8 W8A8 linear (vLLM's ModelOpt FP8 path): the activation is quantized
 /// with the static input scale, the E4M3 products are accumulated, then scaled once.
 pub fn fp8_linear(x: &[f32], rows: usize, w: &Fp8Matrix) -> Vec<f32> {

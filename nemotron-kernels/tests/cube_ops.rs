@@ -17,7 +17,9 @@ use burn::tensor::{Tensor, TensorData};
 use nemotron_formats as fmt;
 use nemotron_kernels::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
 
-struct Rng(u64);
+/// A deterministic generator; with `bf16` set, every value is rounded to bf16 so that the device
+/// arm's bf16 inputs and the f32 reference's inputs are the same numbers.
+struct Rng(u64, bool);
 impl Rng {
     fn next(&mut self) -> f32 {
         self.0 = self
@@ -27,7 +29,13 @@ impl Rng {
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale).collect()
+        let round = self.1;
+        (0..n)
+            .map(|_| {
+                let v = self.next() * scale;
+                bf(v, round)
+            })
+            .collect()
     }
 }
 
@@ -74,6 +82,36 @@ fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
 
 type Ref = NdArray<f32>;
 
+fn bf(v: f32, round: bool) -> f32 {
+    if round {
+        burn::tensor::bf16::from_f32(v).to_f32()
+    } else {
+        v
+    }
+}
+
+/// Relative bands of one arm: `lin` for the linears and the conv, `scan` for the scan.
+#[derive(Clone, Copy)]
+pub struct Band {
+    lin: f32,
+    scan: f32,
+    bf16: bool,
+}
+/// f32: summation order only.
+pub const F32: Band = Band {
+    lin: 1e-5,
+    scan: 1e-4,
+    bf16: false,
+};
+/// bf16 activations (inputs pre-rounded, kernels accumulate in f32): the outputs are rounded to
+/// bf16 once, a relative error ≤ 2^-9 of each value, so 2^-8 of the output scale bounds it with
+/// room for the f32 order; an f32→bf16 accumulator over K ≥ 64 terms lands well outside.
+pub const BF16: Band = Band {
+    lin: 3.9e-3,
+    scan: 3.9e-3,
+    bf16: true,
+};
+
 fn nvfp4_case(rng: &mut Rng, n: usize, k: usize) -> Nvfp4Matrix {
     let w = rng.vec(n * k, 0.05);
     let e = fmt::nvfp4_encode(&w, n, k);
@@ -86,8 +124,8 @@ fn nvfp4_case(rng: &mut Rng, n: usize, k: usize) -> Nvfp4Matrix {
     }
 }
 
-pub fn nvfp4_linear_matches<B: NemotronBackend>(dev: &B::Device) {
-    let mut rng = Rng(1);
+pub fn nvfp4_linear_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(1, band.bf16);
     for (m, n, k) in [(1, 96, 64), (1, 40, 2688), (7, 33, 128), (33, 20, 48)] {
         let w = nvfp4_case(&mut rng, n, k);
         let x = rng.vec(m * k, 1.0);
@@ -99,13 +137,108 @@ pub fn nvfp4_linear_matches<B: NemotronBackend>(dev: &B::Device) {
             t::<B, 2>(&x, [m, k], dev),
             &B::nvfp4_weight(w, dev),
         ));
-        close(&format!("nvfp4 {m}×{k}→{n}"), &got, &want, 1e-5);
+        close(&format!("nvfp4 {m}×{k}→{n}"), &got, &want, band.lin);
     }
 }
 
-pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device) {
-    let mut rng = Rng(5);
-    for (b, m, k, n) in [(1, 1, 64, 96), (6, 5, 16, 23), (1, 37, 48, 20)] {
+/// Expert indices for `slots` routing slots of `k` per token (distinct within a token, as top-k
+/// gives them), over `e` experts.
+fn routing(rng: &mut Rng, tokens: usize, k: usize, e: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut chosen: Vec<i64> = Vec::new();
+        while chosen.len() < k {
+            let c = (((rng.next() + 1.0) * 0.5 * e as f32) as i64).min(e as i64 - 1);
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        out.extend(chosen);
+    }
+    out
+}
+
+fn int<B: NemotronBackend>(v: &[i64], dev: &B::Device) -> Tensor<B, 1, burn::tensor::Int> {
+    Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), dev)
+}
+
+/// Routed-expert linears (NVFP4 and FP8): up-shaped (`div = k`, slots share a token's row) and
+/// down-shaped (`div = 1`), decode (1 token) and prefill (9 tokens) shaped.
+pub fn expert_linears_match<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(6, band.bf16);
+    let (e, k_top) = (5, 2);
+    for (tokens, n, k, div) in [(1, 24, 64, 2), (9, 16, 48, 2), (9, 20, 32, 1)] {
+        let slots = tokens * k_top;
+        let idx = routing(&mut rng, tokens, k_top, e);
+        let rows = slots / div;
+        let x = rng.vec(rows * k, 1.0);
+        let nv: Vec<Nvfp4Matrix> = (0..e).map(|_| nvfp4_case(&mut rng, n, k)).collect();
+        let want = host(Ref::nvfp4_expert_linear(
+            t::<Ref, 2>(&x, [rows, k], &Default::default()),
+            int::<Ref>(&idx, &Default::default()),
+            div,
+            &Ref::nvfp4_experts(nv.clone(), &Default::default()),
+        ));
+        // Independent of the stacking: each slot against the single-matrix reference.
+        for (s, &ex) in idx.iter().enumerate() {
+            let row = &x[(s / div) * k..(s / div + 1) * k];
+            let one = nemotron_kernels::reference::nvfp4_linear(row, 1, &nv[ex as usize]);
+            assert_eq!(&want[s * n..(s + 1) * n], &one[..], "reference slot {s}");
+        }
+        let got = host(B::nvfp4_expert_linear(
+            t::<B, 2>(&x, [rows, k], dev),
+            int::<B>(&idx, dev),
+            div,
+            &B::nvfp4_experts(nv, dev),
+        ));
+        close(
+            &format!("nvfp4 experts {slots} slots {k}→{n} div {div}"),
+            &got,
+            &want,
+            band.lin,
+        );
+        let f8: Vec<Fp8Matrix> = (0..e)
+            .map(|i| {
+                let (q, ws) = fmt::fp8_encode(&rng.vec(n * k, 0.05));
+                Fp8Matrix {
+                    out_features: n,
+                    in_features: k,
+                    weight: q,
+                    weight_scale: ws,
+                    input_scale: (2.0 + i as f32) / 448.0,
+                }
+            })
+            .collect();
+        let want = host(Ref::fp8_expert_linear(
+            t::<Ref, 2>(&x, [rows, k], &Default::default()),
+            int::<Ref>(&idx, &Default::default()),
+            div,
+            &Ref::fp8_experts(f8.clone(), &Default::default()),
+        ));
+        let got = host(B::fp8_expert_linear(
+            t::<B, 2>(&x, [rows, k], dev),
+            int::<B>(&idx, dev),
+            div,
+            &B::fp8_experts(f8, dev),
+        ));
+        close(
+            &format!("fp8 experts {slots} slots {k}→{n} div {div}"),
+            &got,
+            &want,
+            band.lin,
+        );
+    }
+}
+
+pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(5, band.bf16);
+    for (b, m, k, n) in [
+        (1, 1, 64, 96),
+        (6, 5, 16, 23),
+        (1, 37, 48, 20),
+        (2, 3, 7, 40),
+        (1, 2, 300, 33),
+    ] {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);
         let want = host(Ref::matmul(
@@ -116,12 +249,12 @@ pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device) {
             t::<B, 3>(&a, [b, m, k], dev),
             t::<B, 3>(&w, [b, k, n], dev),
         ));
-        close(&format!("matmul {b}×{m}×{k}·{n}"), &got, &want, 1e-5);
+        close(&format!("matmul {b}×{m}×{k}·{n}"), &got, &want, band.lin);
     }
 }
 
-pub fn fp8_linear_matches<B: NemotronBackend>(dev: &B::Device) {
-    let mut rng = Rng(2);
+pub fn fp8_linear_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(2, band.bf16);
     for (m, n, k) in [(1, 50, 64), (9, 24, 256)] {
         let wv = rng.vec(n * k, 0.05);
         let (q, ws) = fmt::fp8_encode(&wv);
@@ -143,12 +276,12 @@ pub fn fp8_linear_matches<B: NemotronBackend>(dev: &B::Device) {
             &B::fp8_weight(w.clone(), dev),
         ));
         // Same activation codes ⇒ only summation order differs.
-        close(&format!("fp8 {m}×{k}→{n}"), &got, &want, 1e-5);
+        close(&format!("fp8 {m}×{k}→{n}"), &got, &want, band.lin);
     }
 }
 
-pub fn conv_matches<B: NemotronBackend>(dev: &B::Device) {
-    let mut rng = Rng(3);
+pub fn conv_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(3, band.bf16);
     let (b, tm, c, k) = (3, 9, 20, 4);
     let lens = [9, 1, 5];
     let x = rng.vec(b * tm * c, 1.0);
@@ -177,21 +310,21 @@ pub fn conv_matches<B: NemotronBackend>(dev: &B::Device) {
             &format!("conv y seq {bb}"),
             &gy[s..s + len * c],
             &ry[s..s + len * c],
-            1e-5,
+            band.lin,
         );
     }
-    close("conv state", &host(g.1), &host(r.1), 1e-6);
+    close("conv state", &host(g.1), &host(r.1), band.lin);
 }
 
-pub fn scan_matches<B: NemotronBackend>(dev: &B::Device) {
-    let mut rng = Rng(4);
+pub fn scan_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(4, band.bf16);
     let (b, tm, h, p, g, n) = (2, 11, 4, 8, 2, 16);
     let lens = [11, 4];
     let x = rng.vec(b * tm * h * p, 1.0);
     let dt: Vec<f32> = rng
         .vec(b * tm * h, 1.0)
         .iter()
-        .map(|v| 0.01 + 0.1 * v.abs())
+        .map(|v| bf(0.01 + 0.1 * v.abs(), band.bf16))
         .collect();
     let a: Vec<f32> = (0..h).map(|i| -(1.0 + i as f32)).collect();
     let bm = rng.vec(b * tm * g * n, 1.0);
@@ -227,10 +360,10 @@ pub fn scan_matches<B: NemotronBackend>(dev: &B::Device) {
             &format!("scan y seq {bb}"),
             &gy[s..s + len * h * p],
             &ry[s..s + len * h * p],
-            1e-4,
+            band.scan,
         );
     }
-    close("scan state", &host(gres.1), &host(r.1), 1e-4);
+    close("scan state", &host(gres.1), &host(r.1), band.scan);
     // The input state tensor is not modified in place.
     close("scan input state untouched", &host(state_in), &st, 0.0);
 }
@@ -243,23 +376,27 @@ mod wgpu {
     }
     #[test]
     fn wgpu_nvfp4_linear() {
-        super::nvfp4_linear_matches::<B>(&dev());
+        super::nvfp4_linear_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
+    fn wgpu_expert_linears() {
+        super::expert_linears_match::<B>(&dev(), super::F32);
     }
     #[test]
     fn wgpu_matmul() {
-        super::matmul_matches::<B>(&dev());
+        super::matmul_matches::<B>(&dev(), super::F32);
     }
     #[test]
     fn wgpu_fp8_linear() {
-        super::fp8_linear_matches::<B>(&dev());
+        super::fp8_linear_matches::<B>(&dev(), super::F32);
     }
     #[test]
     fn wgpu_causal_conv1d() {
-        super::conv_matches::<B>(&dev());
+        super::conv_matches::<B>(&dev(), super::F32);
     }
     #[test]
     fn wgpu_selective_scan() {
-        super::scan_matches::<B>(&dev());
+        super::scan_matches::<B>(&dev(), super::F32);
     }
 }
 
@@ -273,26 +410,74 @@ mod cuda {
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_nvfp4_linear() {
-        super::nvfp4_linear_matches::<B>(&dev());
+        super::nvfp4_linear_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_expert_linears() {
+        super::expert_linears_match::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_matmul() {
-        super::matmul_matches::<B>(&dev());
+        super::matmul_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_fp8_linear() {
-        super::fp8_linear_matches::<B>(&dev());
+        super::fp8_linear_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_causal_conv1d() {
-        super::conv_matches::<B>(&dev());
+        super::conv_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_selective_scan() {
-        super::scan_matches::<B>(&dev());
+        super::scan_matches::<B>(&dev(), super::F32);
+    }
+
+    /// bf16 activations on CUDA (lavapipe has no bf16).
+    mod bf16 {
+        use nemotron_kernels::cube::CudaBackend;
+        type B = CudaBackend<burn::tensor::bf16>;
+        fn dev() -> <B as burn::tensor::backend::BackendTypes>::Device {
+            Default::default()
+        }
+        use super::super::{
+            conv_matches, fp8_linear_matches, matmul_matches, nvfp4_linear_matches, scan_matches,
+            BF16,
+        };
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_nvfp4_linear() {
+            nvfp4_linear_matches::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_expert_linears() {
+            super::super::expert_linears_match::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_matmul() {
+            matmul_matches::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_fp8_linear() {
+            fp8_linear_matches::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_causal_conv1d() {
+            conv_matches::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_selective_scan() {
+            scan_matches::<B>(&dev(), BF16);
+        }
     }
 }

@@ -85,16 +85,7 @@ impl<B: NemotronBackend> NemotronH<B> {
                     })
                 }
                 MixerWeights::Moe(m) => {
-                    let experts = m
-                        .experts
-                        .into_iter()
-                        .map(|e| {
-                            Ok(Mlp {
-                                up: Linear::from_weight(e.up, dev)?,
-                                down: Linear::from_weight(e.down, dev)?,
-                            })
-                        })
-                        .collect::<Result<Vec<_>, ModelError>>()?;
+                    let experts = crate::moe::experts_from_weights::<B>(m.experts, dev)?;
                     let shared = match m.shared {
                         Some(s) => Some(Mlp {
                             up: Linear::from_weight(s.up, dev)?,
@@ -245,11 +236,35 @@ impl<B: NemotronBackend> NemotronH<B> {
         Ok(logits.reshape([b, v]))
     }
 
+    /// The residual stream of one sequence after the embedding and after each block (`1 + L`
+    /// tensors `[T, hidden]`), advancing `state`: where two arms part ways in a parity hunt.
+    pub fn trace(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState<B>,
+    ) -> Result<Vec<Tensor<B, 2>>, ModelError> {
+        let mut out = Vec::with_capacity(self.layers.len() + 1);
+        let h = self.config.hidden_size;
+        self.hidden_with(&[tokens], &mut [state], |x| {
+            out.push(x.clone().reshape([tokens.len(), h]))
+        })?;
+        Ok(out)
+    }
+
     /// The residual stream after the last block, `[B, T_max, hidden]`, advancing the states.
     fn hidden(
         &self,
         tokens: &[&[u32]],
         states: &mut [&mut SequenceState<B>],
+    ) -> Result<Tensor<B, 3>, ModelError> {
+        self.hidden_with(tokens, states, |_| {})
+    }
+
+    fn hidden_with(
+        &self,
+        tokens: &[&[u32]],
+        states: &mut [&mut SequenceState<B>],
+        mut seen: impl FnMut(&Tensor<B, 3>),
     ) -> Result<Tensor<B, 3>, ModelError> {
         if tokens.is_empty() || tokens.len() != states.len() {
             return Err(ModelError::Input(format!(
@@ -282,8 +297,10 @@ impl<B: NemotronBackend> NemotronH<B> {
             &self.device,
         );
         let mut x = burn::tensor::module::embedding(self.embeddings.clone(), ids);
+        seen(&x);
         for (l, block) in self.layers.iter().enumerate() {
             x = block.forward(x, &lens, states, l, &self.deviations);
+            seen(&x);
         }
         for (s, len) in states.iter_mut().zip(&lens) {
             s.position += len;

@@ -1,8 +1,14 @@
 //! The MoE mixer: f32 sigmoid router, grouped top-k selection on `sigmoid + correction bias`,
 //! weights from the unbiased scores (renormalized, times `routed_scaling_factor`), non-gated relu²
 //! experts, plus a shared expert on the same input.
+//!
+//! Routing and expert compute stay on the device: the chosen expert indices feed the expert
+//! kernels directly (one output row per routing slot), and the weighted sum over a token's slots
+//! is a tensor reduction (NVFP4, FP8 W8A8 and dense experts). Only checkpoints whose experts mix
+//! weight forms (none released) fall back to grouping tokens by expert on the host.
 
 use crate::mlp::Mlp;
+use crate::util::relu2;
 use burn::tensor::{activation::sigmoid, DType, IndexingUpdateOp, Int, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
 
@@ -16,9 +22,56 @@ pub struct Moe<B: NemotronBackend> {
     pub router_t: Tensor<B, 2>,
     /// `[E]`, added to the scores for selection only.
     pub correction_bias: Tensor<B, 1>,
-    pub experts: Vec<Mlp<B>>,
+    pub experts: Experts<B>,
     pub shared: Option<Mlp<B>>,
     pub cfg: MoeConfig,
+}
+
+/// The routed experts of one layer, kept in the form they shipped.
+#[derive(Debug, Clone)]
+pub enum Experts<B: NemotronBackend> {
+    /// All NVFP4 (the released quantized checkpoints): stacked, still packed.
+    Nvfp4 {
+        up: B::Nvfp4Experts,
+        down: B::Nvfp4Experts,
+    },
+    /// All FP8 W8A8 (FP8 checkpoints): stacked, 8-bit.
+    Fp8 {
+        up: B::Fp8Experts,
+        down: B::Fp8Experts,
+    },
+    /// All dense: stacked and transposed, `up` `[E, hidden, inter]`, `down` `[E, inter, hidden]`.
+    Dense {
+        up: Tensor<B, 3>,
+        down: Tensor<B, 3>,
+    },
+    /// Mixed forms: expert by expert, routing read back on the host.
+    PerExpert(Vec<Mlp<B>>),
+}
+
+/// Bytes of gathered dense expert weights one dense-expert step may hold (the slots are taken in
+/// chunks so a long prefill does not gather every slot's weight at once).
+const DENSE_GATHER_BYTES: usize = 256 << 20;
+
+/// `y[s] = x[s] · W[experts[s]]` for dense stacked `w` `[E, in, out]`; `x` `[S, in]`.
+fn dense_expert_linear<B: NemotronBackend>(
+    x: Tensor<B, 2>,
+    experts: Tensor<B, 1, Int>,
+    w: &Tensor<B, 3>,
+) -> Tensor<B, 2> {
+    let [s, k] = x.dims();
+    let [_, _, n] = w.dims();
+    let chunk = (DENSE_GATHER_BYTES / (k * n * 4)).clamp(1, s);
+    let parts: Vec<Tensor<B, 2>> = (0..s)
+        .step_by(chunk)
+        .map(|a| {
+            let b = (a + chunk).min(s);
+            let ws = w.clone().select(0, experts.clone().slice(a..b));
+            let xs = x.clone().slice_dim(0, a..b).reshape([b - a, 1, k]);
+            B::matmul(xs, ws).reshape([b - a, n])
+        })
+        .collect();
+    Tensor::cat(parts, 0)
 }
 
 impl<B: NemotronBackend> Moe<B> {
@@ -44,11 +97,9 @@ impl<B: NemotronBackend> Moe<B> {
             // `topk_group` best groups and select only among their experts.
             let per = e / c.n_group;
             let grouped = choice.clone().reshape([n, c.n_group, per]);
-            let group_scores = grouped
-                .topk(2.min(per), 2)
-                .sum_dim(2)
-                .reshape([n, c.n_group]);
-            let (_, keep) = group_scores.topk_with_indices(c.topk_group, 1);
+            let best = if per > 2 { grouped.topk(2, 2) } else { grouped };
+            let group_scores = best.sum_dim(2).reshape([n, c.n_group]);
+            let (_, keep) = top_k(group_scores, c.topk_group);
             let keep_mask = scatter_ones(Tensor::zeros([n, c.n_group], &choice.device()), keep);
             let dropped = keep_mask
                 .unsqueeze_dim::<3>(2)
@@ -59,7 +110,7 @@ impl<B: NemotronBackend> Moe<B> {
         } else {
             choice
         };
-        let (_, idx) = choice.clone().topk_with_indices(c.top_k, 1);
+        let (_, idx) = top_k(choice.clone(), c.top_k);
         let source = if bias_in_weights { choice } else { scores };
         let mut w = source.gather(1, idx.clone());
         if c.norm_topk_prob {
@@ -71,11 +122,69 @@ impl<B: NemotronBackend> Moe<B> {
     /// `h`: `[B, T, hidden]`.
     pub fn forward(&self, h: Tensor<B, 3>, bias_in_weights: bool) -> Tensor<B, 3> {
         let [b, t, hid] = h.dims();
-        let dev = h.device();
-        let x: Tensor<B, 2> = h.reshape([b * t, hid]);
+        let n = b * t;
+        let x: Tensor<B, 2> = h.reshape([n, hid]);
         let (idx, w) = self.route(x.clone(), bias_in_weights);
         let k = self.cfg.top_k;
-        // Group tokens by expert on the host (the routing is small: N × k).
+        let dtype = x.dtype();
+        let routed = match &self.experts {
+            Experts::Nvfp4 { up, down } => {
+                let slots = idx.clone().reshape([n * k]);
+                let hs = relu2(B::nvfp4_expert_linear(x.clone(), slots.clone(), k, up));
+                Some(B::nvfp4_expert_linear(hs, slots, 1, down))
+            }
+            Experts::Fp8 { up, down } => {
+                let slots = idx.clone().reshape([n * k]);
+                let hs = relu2(B::fp8_expert_linear(x.clone(), slots.clone(), k, up));
+                Some(B::fp8_expert_linear(hs, slots, 1, down))
+            }
+            Experts::Dense { up, down } => {
+                let slots = idx.clone().reshape([n * k]);
+                let inter = up.dims()[2];
+                let xs = x
+                    .clone()
+                    .unsqueeze_dim::<3>(1)
+                    .expand([n, k, hid])
+                    .reshape([n * k, hid]);
+                let hs = relu2(dense_expert_linear(xs, slots.clone(), up));
+                debug_assert_eq!(hs.dims(), [n * k, inter]);
+                Some(dense_expert_linear(hs, slots, down))
+            }
+            Experts::PerExpert(_) => None,
+        };
+        // The routed sum accumulates in f32 (as HF does), then returns to the activation dtype.
+        let out = match routed {
+            Some(y) => {
+                let y = if y.dtype() == DType::F32 {
+                    y
+                } else {
+                    y.cast(DType::F32)
+                };
+                (y.reshape([n, k, hid]) * w.unsqueeze_dim::<3>(2))
+                    .sum_dim(1)
+                    .reshape([n, hid])
+            }
+            None => self.per_expert(x.clone(), idx, w),
+        };
+        let mut out = if dtype == DType::F32 {
+            out
+        } else {
+            out.cast(dtype)
+        };
+        if let Some(s) = &self.shared {
+            out = out + s.forward(x);
+        }
+        out.reshape([b, t, hid])
+    }
+
+    /// Mixed-form experts: tokens grouped by expert on the host, f32 sum.
+    fn per_expert(&self, x: Tensor<B, 2>, idx: Tensor<B, 2, Int>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+        let Experts::PerExpert(experts) = &self.experts else {
+            unreachable!("per_expert on stacked experts")
+        };
+        let [n, hid] = x.dims();
+        let dev = x.device();
+        let k = self.cfg.top_k;
         let idx_h: Vec<i64> = idx
             .into_data()
             .convert::<i64>()
@@ -86,10 +195,8 @@ impl<B: NemotronBackend> Moe<B> {
             .convert::<f32>()
             .into_vec()
             .expect("f32 weights");
-        // The routed sum accumulates in f32 (as HF does), then returns to the activation dtype.
-        let dtype = x.dtype();
-        let mut out = Tensor::<B, 2>::zeros([b * t, hid], (&dev, DType::F32));
-        for (e, expert) in self.experts.iter().enumerate() {
+        let mut out = Tensor::<B, 2>::zeros([n, hid], (&dev, DType::F32));
+        for (e, expert) in experts.iter().enumerate() {
             let (toks, ws): (Vec<i64>, Vec<f32>) = idx_h
                 .iter()
                 .enumerate()
@@ -111,15 +218,16 @@ impl<B: NemotronBackend> Moe<B> {
                 .unsqueeze_dim::<2>(1);
             out = out.select_assign(0, tok_t, ye * wt, IndexingUpdateOp::Add);
         }
-        let mut out = if dtype == DType::F32 {
-            out
-        } else {
-            out.cast(dtype)
-        };
-        if let Some(s) = &self.shared {
-            out = out + s.forward(x);
-        }
-        out.reshape([b, t, hid])
+        out
+    }
+}
+
+/// Top `k` along dim 1 with indices; `k` may equal the width (Burn's `topk` wants fewer).
+fn top_k<B: NemotronBackend>(t: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
+    if t.dims()[1] > k {
+        t.topk_with_indices(k, 1)
+    } else {
+        t.sort_descending_with_indices(1)
     }
 }
 
@@ -127,4 +235,261 @@ impl<B: NemotronBackend> Moe<B> {
 fn scatter_ones<B: NemotronBackend>(mask: Tensor<B, 2>, keep: Tensor<B, 2, Int>) -> Tensor<B, 2> {
     let ones = Tensor::<B, 2>::ones(keep.dims(), &mask.device());
     mask.scatter(1, keep, ones, IndexingUpdateOp::Add)
+}
+
+/// Puts one layer's routed experts on the device: stacked when every expert has the same form
+/// (NVFP4 or dense), expert by expert otherwise.
+pub fn experts_from_weights<B: NemotronBackend>(
+    experts: Vec<nemotron_loader::ExpertWeights>,
+    dev: &B::Device,
+) -> Result<Experts<B>, crate::error::ModelError> {
+    use nemotron_loader::LinearWeight as W;
+    let all_nvfp4 = experts
+        .iter()
+        .all(|e| matches!((&e.up, &e.down), (W::Nvfp4(_), W::Nvfp4(_))));
+    let all_fp8 = experts
+        .iter()
+        .all(|e| matches!((&e.up, &e.down), (W::Fp8(_), W::Fp8(_))));
+    let all_dense = experts
+        .iter()
+        .all(|e| matches!((&e.up, &e.down), (W::Dense(_), W::Dense(_))));
+    let matrix = |w: W| match w {
+        W::Nvfp4(n) => nemotron_kernels::Nvfp4Matrix {
+            out_features: n.out_features,
+            in_features: n.in_features,
+            packed: n.packed.bytes,
+            block_scales: n.block_scales.bytes,
+            global_scale: n.weight_scale_2,
+        },
+        _ => unreachable!("checked: all NVFP4"),
+    };
+    if all_nvfp4 && !experts.is_empty() {
+        let (up, down): (Vec<_>, Vec<_>) = experts
+            .into_iter()
+            .map(|e| (matrix(e.up), matrix(e.down)))
+            .unzip();
+        return Ok(Experts::Nvfp4 {
+            up: B::nvfp4_experts(up, dev),
+            down: B::nvfp4_experts(down, dev),
+        });
+    }
+    if all_fp8 && !experts.is_empty() {
+        let fp8 = |w: W| match w {
+            W::Fp8(f) => nemotron_kernels::Fp8Matrix {
+                out_features: f.out_features,
+                in_features: f.in_features,
+                weight: f.weight.bytes,
+                weight_scale: f.weight_scale,
+                input_scale: f.input_scale,
+            },
+            _ => unreachable!("checked: all FP8"),
+        };
+        let (up, down): (Vec<_>, Vec<_>) = experts
+            .into_iter()
+            .map(|e| (fp8(e.up), fp8(e.down)))
+            .unzip();
+        return Ok(Experts::Fp8 {
+            up: B::fp8_experts(up, dev),
+            down: B::fp8_experts(down, dev),
+        });
+    }
+    if all_dense && !experts.is_empty() {
+        let mut ups = Vec::with_capacity(experts.len());
+        let mut downs = Vec::with_capacity(experts.len());
+        for e in experts {
+            let (W::Dense(u), W::Dense(d)) = (e.up, e.down) else {
+                unreachable!("checked: all dense")
+            };
+            ups.push(crate::util::to_tensor_transposed::<B>(&u, dev));
+            downs.push(crate::util::to_tensor_transposed::<B>(&d, dev));
+        }
+        return Ok(Experts::Dense {
+            up: Tensor::stack(ups, 0),
+            down: Tensor::stack(downs, 0),
+        });
+    }
+    let per = experts
+        .into_iter()
+        .map(|e| {
+            Ok(Mlp {
+                up: crate::linear::Linear::from_weight(e.up, dev)?,
+                down: crate::linear::Linear::from_weight(e.down, dev)?,
+            })
+        })
+        .collect::<Result<Vec<_>, crate::error::ModelError>>()?;
+    Ok(Experts::PerExpert(per))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The stacked expert paths (indices read on the device) against the expert-by-expert path
+    //! (routing read on the host), same weights, NdArray.
+    use super::*;
+    use crate::linear::Linear;
+    use burn::backend::NdArray;
+    use nemotron_kernels::{Fp8Matrix, Nvfp4Matrix};
+    use nemotron_loader::formats as fmt;
+    type B = NdArray<f32>;
+
+    fn vals(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn moe(experts: Experts<B>, hid: usize, e: usize, groups: usize) -> Moe<B> {
+        let dev = Default::default();
+        Moe {
+            router_t: Tensor::from_data(TensorData::new(vals(hid * e, 1, 1.0), [hid, e]), &dev),
+            correction_bias: Tensor::from_data(TensorData::new(vals(e, 2, 0.1), [e]), &dev),
+            experts,
+            shared: None,
+            cfg: MoeConfig {
+                n_routed_experts: e,
+                top_k: 2,
+                intermediate_size: 16,
+                n_shared_experts: 0,
+                shared_intermediate_size: 0,
+                n_group: groups,
+                topk_group: 1,
+                norm_topk_prob: true,
+                routed_scaling_factor: 2.5,
+                bias: false,
+            },
+        }
+    }
+
+    #[test]
+    fn stacked_experts_equal_expert_by_expert() {
+        let dev = Default::default();
+        let (hid, inter, e) = (32, 16, 4);
+        let nv = |r: usize, c: usize, seed: u64| {
+            let enc = fmt::nvfp4_encode(&vals(r * c, seed, 0.2), r, c);
+            Nvfp4Matrix {
+                out_features: r,
+                in_features: c,
+                packed: enc.packed,
+                block_scales: enc.block_scales,
+                global_scale: enc.weight_scale_2,
+            }
+        };
+        let f8 = |r: usize, c: usize, seed: u64| {
+            let (q, ws) = fmt::fp8_encode(&vals(r * c, seed, 0.2));
+            Fp8Matrix {
+                out_features: r,
+                in_features: c,
+                weight: q,
+                weight_scale: ws,
+                input_scale: 0.01 * seed as f32,
+            }
+        };
+        let ups: Vec<_> = (0..e).map(|i| nv(inter, hid, 10 + i as u64)).collect();
+        let downs: Vec<_> = (0..e).map(|i| nv(hid, inter, 20 + i as u64)).collect();
+        let up8: Vec<_> = (0..e).map(|i| f8(inter, hid, 30 + i as u64)).collect();
+        let down8: Vec<_> = (0..e).map(|i| f8(hid, inter, 40 + i as u64)).collect();
+        let dense = |seed: u64, r: usize, c: usize| {
+            Tensor::<B, 2>::from_data(TensorData::new(vals(r * c, seed, 0.2), [r, c]), &dev)
+        };
+        let dup: Vec<_> = (0..e).map(|i| dense(50 + i as u64, hid, inter)).collect();
+        let ddown: Vec<_> = (0..e).map(|i| dense(60 + i as u64, inter, hid)).collect();
+        let cases: Vec<(&str, Experts<B>, Experts<B>)> = vec![
+            (
+                "nvfp4",
+                Experts::Nvfp4 {
+                    up: B::nvfp4_experts(ups.clone(), &dev),
+                    down: B::nvfp4_experts(downs.clone(), &dev),
+                },
+                Experts::PerExpert(
+                    (0..e)
+                        .map(|i| Mlp {
+                            up: Linear::Nvfp4 {
+                                weight: B::nvfp4_weight(ups[i].clone(), &dev),
+                                in_features: hid,
+                                out_features: inter,
+                            },
+                            down: Linear::Nvfp4 {
+                                weight: B::nvfp4_weight(downs[i].clone(), &dev),
+                                in_features: inter,
+                                out_features: hid,
+                            },
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "fp8",
+                Experts::Fp8 {
+                    up: B::fp8_experts(up8.clone(), &dev),
+                    down: B::fp8_experts(down8.clone(), &dev),
+                },
+                Experts::PerExpert(
+                    (0..e)
+                        .map(|i| Mlp {
+                            up: Linear::Fp8 {
+                                weight: B::fp8_weight(up8[i].clone(), &dev),
+                                in_features: hid,
+                                out_features: inter,
+                                dequant: None,
+                            },
+                            down: Linear::Fp8 {
+                                weight: B::fp8_weight(down8[i].clone(), &dev),
+                                in_features: inter,
+                                out_features: hid,
+                                dequant: None,
+                            },
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "dense",
+                Experts::Dense {
+                    up: Tensor::stack(dup.clone(), 0),
+                    down: Tensor::stack(ddown.clone(), 0),
+                },
+                Experts::PerExpert(
+                    (0..e)
+                        .map(|i| Mlp {
+                            up: Linear::Dense(dup[i].clone()),
+                            down: Linear::Dense(ddown[i].clone()),
+                        })
+                        .collect(),
+                ),
+            ),
+        ];
+        let h = Tensor::<B, 3>::from_data(
+            TensorData::new(vals(2 * 5 * hid, 3, 1.0), [2, 5, hid]),
+            &dev,
+        );
+        for (name, stacked, per) in cases {
+            for groups in [1, 2] {
+                let a: Vec<f32> = moe(stacked.clone(), hid, e, groups)
+                    .forward(h.clone(), false)
+                    .into_data()
+                    .into_vec()
+                    .unwrap();
+                let b: Vec<f32> = moe(per.clone(), hid, e, groups)
+                    .forward(h.clone(), false)
+                    .into_data()
+                    .into_vec()
+                    .unwrap();
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = a
+                    .iter()
+                    .zip(&b)
+                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
+                assert!(
+                    d <= 1e-5 * scale,
+                    "{name} groups {groups}: {d} at scale {scale}"
+                );
+            }
+        }
+    }
 }

@@ -170,6 +170,19 @@ pub fn reference(name: &str, suffix: &str) -> Reference {
     }
 }
 
+/// One more f32 tensor of a fixture's reference file (e.g. the `*_hf_bf16` logits).
+pub fn reference_extra(name: &str, tensor: &str) -> Vec<f32> {
+    let buf = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&buf).unwrap();
+    let t = st
+        .tensor(tensor)
+        .unwrap_or_else(|e| panic!("{name}/reference.safetensors: {tensor}: {e}"));
+    t.data()
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
 /// (prefill max |Δ|, decode max |Δ|, logit scale) of a model against a reference.
 pub fn compare<Bk: NemotronBackend>(m: &NemotronH<Bk>, r: &Reference) -> (f32, f32, f32) {
     let mut s = m.new_state();

@@ -1,6 +1,7 @@
 //! The CubeCL kernels, runtime-generic (`#[cube]`): the same source runs on CUDA and on wgpu.
-//! Activations are f32 here; packed weights are read as u32 words (E2M1 nibbles, E4M3 bytes) and
-//! decoded through small lookup tables built from the format definitions.
+//! Activations are f32 here; packed weights are read as u32 words (E2M1 nibbles, E4M3 bytes);
+//! E2M1 codes are decoded from their bits, E4M3 bytes through a table built from the format
+//! definitions.
 
 use cubecl::prelude::*;
 
@@ -24,6 +25,18 @@ fn cube_sum(value: f32, #[comptime] block: u32) -> f32 {
     sm[0]
 }
 
+/// The value of an E2M1 code (bit 3 sign, bits 0-2 magnitude: 0, 0.5, 1, 1.5, 2, 3, 4, 6) built
+/// from its bits, without a table lookup: magnitudes ≥ 2 are `2^((m>>1)-1) · (1 + (m&1)/2)`, i.e.
+/// f32 exponent `(m>>1) + 126` and the top mantissa bit `m&1`; 1 is 0.5 (0x3F000000), 0 is 0.
+#[cube]
+fn e2m1(code: u32) -> f32 {
+    let m = code & 7u32;
+    let normal = (((m >> 1u32) + 126u32) << 23u32) | ((m & 1u32) << 22u32);
+    let small = m * 0x3F000000u32;
+    let bits = if m >= 2u32 { normal } else { small };
+    f32::reinterpret(bits | ((code & 8u32) << 28u32))
+}
+
 /// NVFP4 linear: `y[m, n] = gs · Σ_b s[n, b] · Σ_j E2M1[code(n, 16b + j)] · x[m, 16b + j]`.
 /// One cube per `(n, m)`; its `block` units stride over the 16-element blocks of row `n`.
 /// `packed`: `[N, K/8]` words (8 codes each, the low nibble first); `scales`: `[N, sw]` words of
@@ -33,7 +46,6 @@ pub fn nvfp4_linear_kernel(
     x: &Array<f32>,
     packed: &Array<u32>,
     scales: &Array<u32>,
-    e2m1: &Array<f32>,
     e4m3: &Array<f32>,
     y: &mut Array<f32>,
     k: u32,
@@ -59,7 +71,7 @@ pub fn nvfp4_linear_kernel(
             let word = packed[wbase + w];
             for j in 0..8usize {
                 let code = (word >> ((j * 4) as u32)) & 15u32;
-                part += e2m1[code as usize] * x[xbase + w * 8 + j];
+                part += e2m1(code) * x[xbase + w * 8 + j];
             }
         }
         acc += part * s;
@@ -68,6 +80,61 @@ pub fn nvfp4_linear_kernel(
     let total = cube_sum(acc, block);
     if UNIT_POS == 0 {
         y[m * n_out as usize + n] = total * global;
+    }
+}
+
+/// Routed-expert NVFP4 linear: `y[s, n] = gs[e] · Σ_b s_e[n, b] · Σ_j E2M1[code_e(n, 16b + j)] ·
+/// x[s / div, 16b + j]` with `e = experts[s]`. One cube per `(n, s)`; slots run along y then z
+/// (`slot = CUBE_POS_Y + CUBE_POS_Z · CUBE_COUNT_Y`). The experts are stacked: `packed`
+/// `[E · N, K/8]`, `scales` `[E · N, sw]`, `globals` `[E]`.
+#[cube(launch)]
+pub fn nvfp4_expert_linear_kernel(
+    x: &Array<f32>,
+    experts: &Array<i32>,
+    packed: &Array<u32>,
+    scales: &Array<u32>,
+    globals: &Array<f32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<f32>,
+    k: u32,
+    n_out: u32,
+    sw: u32,
+    slots: u32,
+    div: u32,
+    #[comptime] block: u32,
+) {
+    let n = CUBE_POS_X as usize;
+    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if slot >= slots as usize {
+        terminate!();
+    }
+    let e = experts[slot] as usize;
+    let m = slot / div as usize;
+    let k = k as usize;
+    let nb = k / 16;
+    let row = e * n_out as usize + n;
+    let mut acc = 0.0f32;
+    let mut b = UNIT_POS as usize;
+    while b < nb {
+        let sword = scales[row * sw as usize + b / 4];
+        let sbyte = (sword >> (((b % 4) * 8) as u32)) & 255u32;
+        let s = e4m3[sbyte as usize];
+        let wbase = row * (k / 8) + b * 2;
+        let xbase = m * k + b * 16;
+        let mut part = 0.0f32;
+        for w in 0..2usize {
+            let word = packed[wbase + w];
+            for j in 0..8usize {
+                let code = (word >> ((j * 4) as u32)) & 15u32;
+                part += e2m1(code) * x[xbase + w * 8 + j];
+            }
+        }
+        acc += part * s;
+        b += block as usize;
+    }
+    let total = cube_sum(acc, block);
+    if UNIT_POS == 0 {
+        y[slot * n_out as usize + n] = total * globals[e];
     }
 }
 
@@ -127,6 +194,51 @@ pub fn fp8_linear_kernel(
     let total = cube_sum(acc, block);
     if UNIT_POS == 0 {
         y[m * n_out as usize + n] = total * (input_scale * weight_scale);
+    }
+}
+
+/// Routed-expert FP8 W8A8 linear (slots as in [`nvfp4_expert_linear_kernel`]); `weight`
+/// `[E · N, K/4]` words, per-expert `input_scales` and `weight_scales` `[E]`.
+#[cube(launch)]
+pub fn fp8_expert_linear_kernel(
+    x: &Array<f32>,
+    experts: &Array<i32>,
+    weight: &Array<u32>,
+    input_scales: &Array<f32>,
+    weight_scales: &Array<f32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<f32>,
+    k: u32,
+    n_out: u32,
+    slots: u32,
+    div: u32,
+    #[comptime] block: u32,
+) {
+    let n = CUBE_POS_X as usize;
+    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if slot >= slots as usize {
+        terminate!();
+    }
+    let e = experts[slot] as usize;
+    let m = slot / div as usize;
+    let k = k as usize;
+    let nw = k / 4;
+    let row = e * n_out as usize + n;
+    let input_scale = input_scales[e];
+    let mut acc = 0.0f32;
+    let mut w = UNIT_POS as usize;
+    while w < nw {
+        let word = weight[row * nw + w];
+        for j in 0..4usize {
+            let byte = (word >> ((j * 8) as u32)) & 255u32;
+            let xv = f32::clamp(x[m * k + w * 4 + j] / input_scale, -448.0f32, 448.0f32);
+            acc += e4m3_round(xv) * e4m3[byte as usize];
+        }
+        w += block as usize;
+    }
+    let total = cube_sum(acc, block);
+    if UNIT_POS == 0 {
+        y[slot * n_out as usize + n] = total * (input_scale * weight_scales[e]);
     }
 }
 
@@ -232,28 +344,51 @@ pub fn selective_scan_kernel(
     }
 }
 
-/// Batched `c[b, m, n] = Σ_k a[b, m, k] · w[b, k, n]`, one unit per output, f32 accumulation.
+/// Batched `c[b, m, n] = Σ_k a[b, m, k] · w[b, k, n]` in any float storage type `F`, accumulated
+/// in f32 term by term (no tensor cores, no reordering beyond the split below). A cube covers
+/// `CUBE_DIM_X` consecutive columns of one row `(b, m)`; its `CUBE_DIM_Y` unit rows split `K`
+/// (unit row `y` sums `k ≡ y mod CUBE_DIM_Y`) and add their partial sums through shared memory.
+/// Reads of `w` are coalesced along the columns; the split keeps a batch-1 GEMV busy.
 #[cube(launch)]
-pub fn matmul_kernel(
-    a: &Array<f32>,
-    w: &Array<f32>,
-    c: &mut Array<f32>,
-    batch: u32,
+pub fn matmul_kernel<F: Float>(
+    a: &Array<F>,
+    w: &Array<F>,
+    c: &mut Array<F>,
     m: u32,
     k: u32,
     n: u32,
+    #[comptime] cols: u32,
+    #[comptime] splits: u32,
 ) {
-    let id = ABSOLUTE_POS;
-    let (batch, m, k, n) = (batch as usize, m as usize, k as usize, n as usize);
-    if id >= batch * m * n {
-        terminate!();
-    }
-    let bb = id / (m * n);
-    let r = (id / n) % m;
-    let col = id % n;
+    let (m, k, n) = (m as usize, k as usize, n as usize);
+    let col = (CUBE_POS_X * cols + UNIT_POS_X) as usize;
+    let row = CUBE_POS_Y as usize;
+    let bb = CUBE_POS_Z as usize;
+    let y = UNIT_POS_Y as usize;
     let mut acc = 0.0f32;
-    for kk in 0..k {
-        acc += a[(bb * m + r) * k + kk] * w[(bb * k + kk) * n + col];
+    if col < n {
+        let mut kk = y;
+        while kk < k {
+            acc += f32::cast_from(a[(bb * m + row) * k + kk])
+                * f32::cast_from(w[(bb * k + kk) * n + col]);
+            kk += splits as usize;
+        }
     }
-    c[id] = acc;
+    let mut sm = SharedMemory::<f32>::new((cols * splits) as usize);
+    let x = UNIT_POS_X as usize;
+    sm[y * cols as usize + x] = acc;
+    sync_cube();
+    // A runtime stride (a comptime one would be folded at expansion time).
+    let mut stride = (CUBE_DIM_Y / 2) as usize;
+    while stride > 0 {
+        if y < stride {
+            sm[y * cols as usize + x] =
+                sm[y * cols as usize + x] + sm[(y + stride) * cols as usize + x];
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if y == 0 && col < n {
+        c[(bb * m + row) * n + col] = F::cast_from(sm[x]);
+    }
 }

@@ -29,16 +29,17 @@ pub type CudaBackend<F = f32> = CubeBackend<cubecl::cuda::CudaRuntime, F, i32, u
 /// Units per cube for the linear kernels (a power of two).
 const LINEAR_BLOCK: u32 = 64;
 const ELEMWISE_BLOCK: u32 = 128;
+/// Matmul cube: columns per cube × unit rows splitting K (a power of two).
+const MATMUL_COLS: u32 = 32;
+const MATMUL_SPLITS: u32 = 16;
 
 /// Decode tables built from the format definitions (uploaded once per weight; 1 KiB).
 #[derive(Clone)]
 struct Luts {
-    e2m1: Handle,
     e4m3: Handle,
 }
 
 fn luts<R: CubeRuntime>(client: &ComputeClient<R>) -> Luts {
-    let e2m1: Vec<f32> = fmt::E2M1_VALUES.to_vec();
     let e4m3: Vec<f32> = (0..=255u8)
         .map(|b| {
             if fmt::e4m3_is_nan(b) {
@@ -49,7 +50,6 @@ fn luts<R: CubeRuntime>(client: &ComputeClient<R>) -> Luts {
         })
         .collect();
     Luts {
-        e2m1: client.create_from_slice(f32::as_bytes(&e2m1)),
         e4m3: client.create_from_slice(f32::as_bytes(&e4m3)),
     }
 }
@@ -91,6 +91,78 @@ impl<R: CubeRuntime> std::fmt::Debug for CubeNvfp4<R> {
         )
     }
 }
+
+/// One projection of all routed experts of a layer on the device, stacked: E2M1 words
+/// `[E · out, in/8]`, E4M3 block-scale words `[E · out, sw]`, the f32 global scales `[E]`.
+#[derive(Clone)]
+pub struct CubeNvfp4Experts<R: CubeRuntime> {
+    client: ComputeClient<R>,
+    packed: Handle,
+    scales: Handle,
+    globals: Handle,
+    scale_words: usize,
+    luts: Luts,
+    pub experts: usize,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl<R: CubeRuntime> std::fmt::Debug for CubeNvfp4Experts<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CubeNvfp4Experts({} × {}×{})",
+            self.experts, self.out_features, self.in_features
+        )
+    }
+}
+
+/// One projection of all FP8 routed experts of a layer on the device: E4M3 words
+/// `[E · out, in/4]` and each expert's scales.
+#[derive(Clone)]
+pub struct CubeFp8Experts<R: CubeRuntime> {
+    client: ComputeClient<R>,
+    weight: Handle,
+    input_scales: Handle,
+    weight_scales: Handle,
+    luts: Luts,
+    pub experts: usize,
+    pub out_features: usize,
+    pub in_features: usize,
+}
+
+impl<R: CubeRuntime> std::fmt::Debug for CubeFp8Experts<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CubeFp8Experts({} × {}×{})",
+            self.experts, self.out_features, self.in_features
+        )
+    }
+}
+
+/// Int indices as a contiguous i32 device buffer.
+fn index_cube<R, F, I, BT>(
+    t: Tensor<CubeBackend<R, F, I, BT>, 1, burn::tensor::Int>,
+) -> CubeTensor<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    into_contiguous(t.cast(burn::tensor::IntDType::I32).into_primitive())
+}
+
+/// The cube grid for one cube per `(output row, slot)`.
+fn slot_grid(n: usize, slots: usize) -> CubeCount {
+    let cy = slots.clamp(1, MAX_CUBES_Y);
+    let cz = slots.div_ceil(cy).max(1);
+    CubeCount::Static(n as u32, cy as u32, cz as u32)
+}
+
+/// The most cubes along y (CUDA's limit); more slots spill onto z.
+const MAX_CUBES_Y: usize = 65_535;
 
 /// A per-tensor FP8 matrix on the device (E4M3 bytes as u32 words of 4) with its scales.
 #[derive(Clone)]
@@ -167,6 +239,153 @@ where
 {
     type Nvfp4Weight = CubeNvfp4<R>;
     type Fp8Weight = CubeFp8<R>;
+    type Nvfp4Experts = CubeNvfp4Experts<R>;
+    type Fp8Experts = CubeFp8Experts<R>;
+
+    fn fp8_experts(w: Vec<Fp8Matrix>, device: &burn::tensor::Device<Self>) -> Self::Fp8Experts {
+        let client = R::client(device);
+        let (n, k) = (w[0].out_features, w[0].in_features);
+        assert!(
+            k % 4 == 0 && w.iter().all(|m| m.out_features == n && m.in_features == k),
+            "fp8_experts: experts of one projection differ in shape (or in_features % 4 ≠ 0)"
+        );
+        let mut weight = Vec::with_capacity(w.len() * n * k / 4);
+        for m in &w {
+            weight.extend(words(&m.weight, n, k).0);
+        }
+        let is: Vec<f32> = w.iter().map(|m| m.input_scale).collect();
+        let ws: Vec<f32> = w.iter().map(|m| m.weight_scale).collect();
+        CubeFp8Experts {
+            weight: client.create_from_slice(u32::as_bytes(&weight)),
+            input_scales: client.create_from_slice(f32::as_bytes(&is)),
+            weight_scales: client.create_from_slice(f32::as_bytes(&ws)),
+            luts: luts(&client),
+            client,
+            experts: w.len(),
+            out_features: n,
+            in_features: k,
+        }
+    }
+
+    fn fp8_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Fp8Experts,
+    ) -> Tensor<Self, 2> {
+        let dtype = x.dtype();
+        let [_, k] = x.dims();
+        assert_eq!(
+            k, w.in_features,
+            "fp8_expert_linear: x has {k} columns, the experts {} inputs",
+            w.in_features
+        );
+        let [slots] = experts.dims();
+        let x = f32_cube(x);
+        let idx = index_cube(experts);
+        let n = w.out_features;
+        let y = empty_device_contiguous_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([slots, n]),
+            DType::F32,
+        );
+        kernels::fp8_expert_linear_kernel::launch::<R>(
+            &w.client,
+            slot_grid(n, slots),
+            CubeDim::new_1d(LINEAR_BLOCK),
+            array(&x),
+            array(&idx),
+            handle_array(&w.weight, w.experts * n * k / 4),
+            handle_array(&w.input_scales, w.experts),
+            handle_array(&w.weight_scales, w.experts),
+            handle_array(&w.luts.e4m3, 256),
+            array(&y),
+            k as u32,
+            n as u32,
+            slots as u32,
+            div as u32,
+            LINEAR_BLOCK,
+        );
+        from_cube::<Self, 2>(y, dtype)
+    }
+
+    fn nvfp4_experts(
+        w: Vec<Nvfp4Matrix>,
+        device: &burn::tensor::Device<Self>,
+    ) -> Self::Nvfp4Experts {
+        let client = R::client(device);
+        let (n, k) = (w[0].out_features, w[0].in_features);
+        assert!(
+            w.iter().all(|m| m.out_features == n && m.in_features == k),
+            "nvfp4_experts: experts of one projection differ in shape"
+        );
+        let mut packed = Vec::with_capacity(w.len() * n * k / 8);
+        let mut scales = Vec::new();
+        let mut scale_words = 0;
+        for m in &w {
+            packed.extend(words(&m.packed, n, k / 2).0);
+            let (s, sw) = words(&m.block_scales, n, k / fmt::NVFP4_BLOCK);
+            scales.extend(s);
+            scale_words = sw;
+        }
+        let globals: Vec<f32> = w.iter().map(|m| m.global_scale).collect();
+        CubeNvfp4Experts {
+            packed: client.create_from_slice(u32::as_bytes(&packed)),
+            scales: client.create_from_slice(u32::as_bytes(&scales)),
+            globals: client.create_from_slice(f32::as_bytes(&globals)),
+            scale_words,
+            luts: luts(&client),
+            client,
+            experts: w.len(),
+            out_features: n,
+            in_features: k,
+        }
+    }
+
+    fn nvfp4_expert_linear(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Nvfp4Experts,
+    ) -> Tensor<Self, 2> {
+        let dtype = x.dtype();
+        let [_, k] = x.dims();
+        assert_eq!(
+            k, w.in_features,
+            "nvfp4_expert_linear: x has {k} columns, the experts {} inputs",
+            w.in_features
+        );
+        let [slots] = experts.dims();
+        let x = f32_cube(x);
+        let idx = index_cube(experts);
+        let n = w.out_features;
+        let y = empty_device_contiguous_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([slots, n]),
+            DType::F32,
+        );
+        kernels::nvfp4_expert_linear_kernel::launch::<R>(
+            &w.client,
+            slot_grid(n, slots),
+            CubeDim::new_1d(LINEAR_BLOCK),
+            array(&x),
+            array(&idx),
+            handle_array(&w.packed, w.experts * n * k / 8),
+            handle_array(&w.scales, w.experts * n * w.scale_words),
+            handle_array(&w.globals, w.experts),
+            handle_array(&w.luts.e4m3, 256),
+            array(&y),
+            k as u32,
+            n as u32,
+            w.scale_words as u32,
+            slots as u32,
+            div as u32,
+            LINEAR_BLOCK,
+        );
+        from_cube::<Self, 2>(y, dtype)
+    }
 
     fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight {
         let client = R::client(device);
@@ -215,35 +434,62 @@ where
     }
 
     fn matmul(a: Tensor<Self, 3>, b: Tensor<Self, 3>) -> Tensor<Self, 3> {
-        let dtype = a.dtype();
         let [bs, m, k] = a.dims();
         let [bs2, k2, n] = b.dims();
         assert!(
             bs == bs2 && k == k2,
             "matmul: [{bs}, {m}, {k}] · [{bs2}, {k2}, {n}]"
         );
-        let (a, b) = (f32_cube(a), f32_cube(b));
+        let out_dtype = a.dtype();
+        // Read in the storage dtype (a bf16 weight is not widened per call); f32 otherwise.
+        let dtype = if a.dtype() == b.dtype()
+            && matches!(a.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        {
+            a.dtype()
+        } else {
+            DType::F32
+        };
+        let (a, b) = (a.cast(dtype), b.cast(dtype));
+        let a = into_contiguous(a.into_primitive().tensor());
+        let b = into_contiguous(b.into_primitive().tensor());
         let client = a.client.clone();
         let c = empty_device_contiguous_dtype(
             client.clone(),
             a.device.clone(),
             Shape::new([bs, m, n]),
-            DType::F32,
+            dtype,
         );
-        let (count, dim) = elemwise_count(bs * m * n);
-        kernels::matmul_kernel::launch::<R>(
-            &client,
-            count,
-            dim,
-            array(&a),
-            array(&b),
-            array(&c),
-            bs as u32,
-            m as u32,
-            k as u32,
-            n as u32,
-        );
-        from_cube::<Self, 3>(c, dtype)
+        let count = CubeCount::Static(n.div_ceil(MATMUL_COLS as usize) as u32, m as u32, bs as u32);
+        let dim = CubeDim::new_2d(MATMUL_COLS, MATMUL_SPLITS);
+        let args = (array(&a), array(&b), array(&c));
+        macro_rules! launch {
+            ($t:ty) => {
+                kernels::matmul_kernel::launch::<$t, R>(
+                    &client,
+                    count,
+                    dim,
+                    args.0,
+                    args.1,
+                    args.2,
+                    m as u32,
+                    k as u32,
+                    n as u32,
+                    MATMUL_COLS,
+                    MATMUL_SPLITS,
+                )
+            };
+        }
+        match dtype {
+            DType::BF16 => launch!(burn::tensor::bf16),
+            DType::F16 => launch!(burn::tensor::f16),
+            _ => launch!(f32),
+        }
+        let c = Tensor::<Self, 3>::from_primitive(TensorPrimitive::Float(c));
+        if out_dtype == dtype {
+            c
+        } else {
+            c.cast(out_dtype)
+        }
     }
 
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
@@ -269,7 +515,6 @@ where
             array(&x),
             handle_array(&w.packed, n * k / 8),
             handle_array(&w.scales, n * w.scale_words),
-            handle_array(&w.luts.e2m1, 16),
             handle_array(&w.luts.e4m3, 256),
             array(&y),
             k as u32,
