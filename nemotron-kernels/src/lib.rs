@@ -117,6 +117,44 @@ pub trait NemotronBackend: Backend {
     /// `y = (xq · e4m3(W)ᵀ) · (input_scale · weight_scale)`.
     fn fp8_linear(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2>;
 
+    /// RMSNorm within `groups` contiguous channel groups of the last dimension, statistics in f32:
+    /// `y = w · u / sqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` when a gate is given
+    /// (Mamba2's gated norm: gate before the norm) and `u = x` otherwise. `x`, `gate`: `[R, H]`;
+    /// `weight`: `[H]`; the result is in `x`'s dtype. The default composes Burn ops; device
+    /// backends fuse it into one kernel.
+    fn rms_norm(
+        x: Tensor<Self, 2>,
+        gate: Option<Tensor<Self, 2>>,
+        weight: Tensor<Self, 1>,
+        groups: usize,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        use burn::tensor::DType;
+        let f32_of = |t: Tensor<Self, 2>| {
+            if t.dtype() == DType::F32 {
+                t
+            } else {
+                t.cast(DType::F32)
+            }
+        };
+        let [r, h] = x.dims();
+        let dtype = x.dtype();
+        let mut u = f32_of(x);
+        if let Some(z) = gate {
+            u = u * burn::tensor::activation::silu(f32_of(z));
+        }
+        let u = u.reshape([r, groups, h / groups]);
+        let var = u.clone().powi_scalar(2).mean_dim(2);
+        let u = (u * (var + eps).sqrt().recip()).reshape([r, h]);
+        let w = f32_of(weight.unsqueeze::<2>());
+        let y = u * w;
+        if dtype == DType::F32 {
+            y
+        } else {
+            y.cast(dtype)
+        }
+    }
+
     /// Depthwise causal conv over time + bias + SiLU.
     /// `x`: `[B, T, C]`; `weight`: `[C, K]` (`[.., K-1]` multiplies the current token);
     /// `state`: `[B, C, K-1]`, the last `K-1` inputs before this call (zeros for a new sequence).

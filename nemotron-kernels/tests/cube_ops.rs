@@ -230,6 +230,43 @@ pub fn expert_linears_match<B: NemotronBackend>(dev: &B::Device, band: Band) {
     }
 }
 
+/// The fused RMSNorm against the composed Burn ops (plain and gated, one and several groups,
+/// widths above and below the cube's 256 units).
+pub fn rms_norm_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(7, band.bf16);
+    for (r, h, groups, gated) in [
+        (3, 64, 1, false),
+        (2, 600, 1, false),
+        (5, 96, 4, true),
+        (1, 1024, 8, true),
+    ] {
+        let x = rng.vec(r * h, 2.0);
+        let z = rng.vec(r * h, 3.0);
+        let w = rng.vec(h, 1.0);
+        let d = Default::default();
+        let want = host(Ref::rms_norm(
+            t::<Ref, 2>(&x, [r, h], &d),
+            gated.then(|| t::<Ref, 2>(&z, [r, h], &d)),
+            t::<Ref, 1>(&w, [h], &d),
+            groups,
+            1e-5,
+        ));
+        let got = host(B::rms_norm(
+            t::<B, 2>(&x, [r, h], dev),
+            gated.then(|| t::<B, 2>(&z, [r, h], dev)),
+            t::<B, 1>(&w, [h], dev),
+            groups,
+            1e-5,
+        ));
+        close(
+            &format!("rms_norm {r}×{h} groups {groups} gated {gated}"),
+            &got,
+            &want,
+            band.lin,
+        );
+    }
+}
+
 pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
     let mut rng = Rng(5, band.bf16);
     for (b, m, k, n) in [
@@ -383,6 +420,10 @@ mod wgpu {
         super::expert_linears_match::<B>(&dev(), super::F32);
     }
     #[test]
+    fn wgpu_rms_norm() {
+        super::rms_norm_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
     fn wgpu_matmul() {
         super::matmul_matches::<B>(&dev(), super::F32);
     }
@@ -416,6 +457,11 @@ mod cuda {
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_expert_linears() {
         super::expert_linears_match::<B>(&dev(), super::F32);
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_rms_norm() {
+        super::rms_norm_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
@@ -458,6 +504,11 @@ mod cuda {
         #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
         fn cuda_bf16_expert_linears() {
             super::super::expert_linears_match::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_rms_norm() {
+            super::super::rms_norm_matches::<B>(&dev(), BF16);
         }
         #[test]
         #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]

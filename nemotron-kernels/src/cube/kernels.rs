@@ -1,28 +1,31 @@
 //! The CubeCL kernels, runtime-generic (`#[cube]`): the same source runs on CUDA and on wgpu.
-//! Activations are f32 here; packed weights are read as u32 words (E2M1 nibbles, E4M3 bytes);
+//! Activations are read and written in their storage type (`F`: f32, bf16, f16) and accumulated in
+//! f32 (the Mamba kernels take f32); packed weights are read as u32 words (E2M1 nibbles, E4M3 bytes);
 //! E2M1 codes are decoded from their bits, E4M3 bytes through a table built from the format
 //! definitions.
 
 use cubecl::prelude::*;
 
-/// Sums `value` over the cube's `block` units through shared memory (portable: no plane ops,
-/// which lavapipe's WGSL path lacks). Every unit must call it.
+/// Sums `value` over the `CUBE_DIM_X` lanes of each unit row (`UNIT_POS_Y`) through shared
+/// memory; every unit must call it. `units` = `CUBE_DIM_X · CUBE_DIM_Y` (comptime, for the
+/// shared allocation).
 #[cube]
-fn cube_sum(value: f32, #[comptime] block: u32) -> f32 {
-    let mut sm = SharedMemory::<f32>::new(block as usize);
-    let u = UNIT_POS as usize;
-    sm[u] = value;
+fn row_sum(value: f32, #[comptime] units: u32) -> f32 {
+    let mut sm = SharedMemory::<f32>::new(units as usize);
+    let lanes = CUBE_DIM_X as usize;
+    let base = UNIT_POS_Y as usize * lanes;
+    let x = UNIT_POS_X as usize;
+    sm[base + x] = value;
     sync_cube();
-    // A runtime stride (a comptime one would be folded at expansion time).
-    let mut stride = (CUBE_DIM / 2) as usize;
+    let mut stride = lanes / 2;
     while stride > 0 {
-        if u < stride {
-            sm[u] = sm[u] + sm[u + stride];
+        if x < stride {
+            sm[base + x] = sm[base + x] + sm[base + x + stride];
         }
         sync_cube();
         stride /= 2;
     }
-    sm[0]
+    sm[base]
 }
 
 /// The value of an E2M1 code (bit 3 sign, bits 0-2 magnitude: 0, 0.5, 1, 1.5, 2, 3, 4, 6) built
@@ -37,104 +40,158 @@ fn e2m1(code: u32) -> f32 {
     f32::reinterpret(bits | ((code & 8u32) << 28u32))
 }
 
-/// NVFP4 linear: `y[m, n] = gs · Σ_b s[n, b] · Σ_j E2M1[code(n, 16b + j)] · x[m, 16b + j]`.
-/// One cube per `(n, m)`; its `block` units stride over the 16-element blocks of row `n`.
-/// `packed`: `[N, K/8]` words (8 codes each, the low nibble first); `scales`: `[N, sw]` words of
-/// four E4M3 bytes (row-padded).
-#[cube(launch)]
-pub fn nvfp4_linear_kernel(
-    x: &Array<f32>,
+/// `Σ_b s[row, b] · Σ_j E2M1[code(row, 16b + j)] · x[xrow, 16b + j]` over this unit's blocks
+/// (`b ≡ UNIT_POS_X mod CUBE_DIM_X`): one lane's share of an NVFP4 row dot product.
+#[cube]
+fn nvfp4_partial<F: Float>(
+    x: &Array<F>,
     packed: &Array<u32>,
     scales: &Array<u32>,
     e4m3: &Array<f32>,
-    y: &mut Array<f32>,
-    k: u32,
-    n_out: u32,
-    sw: u32,
-    global: f32,
-    #[comptime] block: u32,
-) {
-    let n = CUBE_POS_X as usize;
-    let m = CUBE_POS_Y as usize;
-    let k = k as usize;
+    row: usize,
+    xrow: usize,
+    k: usize,
+    sw: usize,
+) -> f32 {
     let nb = k / 16;
     let mut acc = 0.0f32;
-    let mut b = UNIT_POS as usize;
+    let mut b = UNIT_POS_X as usize;
     while b < nb {
-        let sword = scales[n * sw as usize + b / 4];
+        let sword = scales[row * sw + b / 4];
         let sbyte = (sword >> (((b % 4) * 8) as u32)) & 255u32;
         let s = e4m3[sbyte as usize];
-        let wbase = n * (k / 8) + b * 2;
-        let xbase = m * k + b * 16;
+        let wbase = row * (k / 8) + b * 2;
+        let xbase = xrow * k + b * 16;
         let mut part = 0.0f32;
         for w in 0..2usize {
             let word = packed[wbase + w];
             for j in 0..8usize {
                 let code = (word >> ((j * 4) as u32)) & 15u32;
-                part += e2m1(code) * x[xbase + w * 8 + j];
+                part += e2m1(code) * f32::cast_from(x[xbase + w * 8 + j]);
             }
         }
         acc += part * s;
-        b += block as usize;
+        b += CUBE_DIM_X as usize;
     }
-    let total = cube_sum(acc, block);
-    if UNIT_POS == 0 {
-        y[m * n_out as usize + n] = total * global;
+    acc
+}
+
+/// NVFP4 linear: `y[m, n] = gs · Σ_b s[n, b] · Σ_j E2M1[code(n, 16b + j)] · x[m, 16b + j]`.
+/// A cube holds `CUBE_DIM_Y` output rows of one input row `m` (`CUBE_POS_Y`), a row per unit row;
+/// the lanes of a unit row stride over the 16-element blocks (coalesced weight reads).
+/// `packed`: `[N, K/8]` words (8 codes each, the low nibble first); `scales`: `[N, sw]` words of
+/// four E4M3 bytes (row-padded).
+#[cube(launch)]
+pub fn nvfp4_linear_kernel<F: Float>(
+    x: &Array<F>,
+    packed: &Array<u32>,
+    scales: &Array<u32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<F>,
+    k: u32,
+    n_out: u32,
+    sw: u32,
+    global: f32,
+    #[comptime] units: u32,
+) {
+    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    let m = CUBE_POS_Y as usize;
+    let mut acc = 0.0f32;
+    if n < n_out as usize {
+        acc = nvfp4_partial(x, packed, scales, e4m3, n, m, k as usize, sw as usize);
+    }
+    let total = row_sum(acc, units);
+    if UNIT_POS_X == 0 && n < n_out as usize {
+        y[m * n_out as usize + n] = F::cast_from(total * global);
     }
 }
 
 /// Routed-expert NVFP4 linear: `y[s, n] = gs[e] · Σ_b s_e[n, b] · Σ_j E2M1[code_e(n, 16b + j)] ·
-/// x[s / div, 16b + j]` with `e = experts[s]`. One cube per `(n, s)`; slots run along y then z
-/// (`slot = CUBE_POS_Y + CUBE_POS_Z · CUBE_COUNT_Y`). The experts are stacked: `packed`
-/// `[E · N, K/8]`, `scales` `[E · N, sw]`, `globals` `[E]`.
+/// x[s / div, 16b + j]` with `e = experts[s]`. Cubes as in [`nvfp4_linear_kernel`], with slots in
+/// place of input rows (`slot = CUBE_POS_Y + CUBE_POS_Z · CUBE_COUNT_Y`). The experts are
+/// stacked: `packed` `[E · N, K/8]`, `scales` `[E · N, sw]`, `globals` `[E]`.
 #[cube(launch)]
-pub fn nvfp4_expert_linear_kernel(
-    x: &Array<f32>,
+pub fn nvfp4_expert_linear_kernel<F: Float>(
+    x: &Array<F>,
     experts: &Array<i32>,
     packed: &Array<u32>,
     scales: &Array<u32>,
     globals: &Array<f32>,
     e4m3: &Array<f32>,
-    y: &mut Array<f32>,
+    y: &mut Array<F>,
     k: u32,
     n_out: u32,
     sw: u32,
     slots: u32,
     div: u32,
-    #[comptime] block: u32,
+    #[comptime] units: u32,
 ) {
-    let n = CUBE_POS_X as usize;
     let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     if slot >= slots as usize {
         terminate!();
     }
+    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let e = experts[slot] as usize;
-    let m = slot / div as usize;
-    let k = k as usize;
-    let nb = k / 16;
-    let row = e * n_out as usize + n;
     let mut acc = 0.0f32;
-    let mut b = UNIT_POS as usize;
-    while b < nb {
-        let sword = scales[row * sw as usize + b / 4];
-        let sbyte = (sword >> (((b % 4) * 8) as u32)) & 255u32;
-        let s = e4m3[sbyte as usize];
-        let wbase = row * (k / 8) + b * 2;
-        let xbase = m * k + b * 16;
-        let mut part = 0.0f32;
-        for w in 0..2usize {
-            let word = packed[wbase + w];
-            for j in 0..8usize {
-                let code = (word >> ((j * 4) as u32)) & 15u32;
-                part += e2m1(code) * x[xbase + w * 8 + j];
-            }
-        }
-        acc += part * s;
-        b += block as usize;
+    if n < n_out as usize {
+        let row = e * n_out as usize + n;
+        acc = nvfp4_partial(
+            x,
+            packed,
+            scales,
+            e4m3,
+            row,
+            slot / div as usize,
+            k as usize,
+            sw as usize,
+        );
     }
-    let total = cube_sum(acc, block);
-    if UNIT_POS == 0 {
-        y[slot * n_out as usize + n] = total * globals[e];
+    let total = row_sum(acc, units);
+    if UNIT_POS_X == 0 && n < n_out as usize {
+        y[slot * n_out as usize + n] = F::cast_from(total * globals[e]);
+    }
+}
+
+/// Group RMSNorm, optionally gated: one cube per `(row, group)` (`CUBE_POS_X`, `CUBE_POS_Y`); the
+/// units stride over the group's channels, sum `u²` in f32, then write `w · u · rsqrt(mean + eps)`
+/// with `u = x · silu(gate)` (gated) or `x`.
+#[cube(launch)]
+pub fn rms_norm_kernel<F: Float>(
+    x: &Array<F>,
+    gate: &Array<F>,
+    weight: &Array<F>,
+    y: &mut Array<F>,
+    h: u32,
+    group: u32,
+    eps: f32,
+    #[comptime] gated: bool,
+    #[comptime] units: u32,
+) {
+    let (h, group) = (h as usize, group as usize);
+    let base = CUBE_POS_X as usize * h + CUBE_POS_Y as usize * group;
+    let wbase = CUBE_POS_Y as usize * group;
+    let mut ss = 0.0f32;
+    let mut c = UNIT_POS_X as usize;
+    while c < group {
+        let mut u = f32::cast_from(x[base + c]);
+        if gated {
+            let z = f32::cast_from(gate[base + c]);
+            u *= z / (1.0f32 + f32::exp(-z));
+        }
+        ss += u * u;
+        c += CUBE_DIM_X as usize;
+    }
+    let total = row_sum(ss, units);
+    let inv = 1.0f32 / f32::sqrt(total / group as f32 + eps);
+    let mut c = UNIT_POS_X as usize;
+    while c < group {
+        let mut u = f32::cast_from(x[base + c]);
+        if gated {
+            let z = f32::cast_from(gate[base + c]);
+            u *= z / (1.0f32 + f32::exp(-z));
+        }
+        y[base + c] = F::cast_from(u * inv * f32::cast_from(weight[wbase + c]));
+        c += CUBE_DIM_X as usize;
     }
 }
 
@@ -162,83 +219,103 @@ fn e4m3_round(v: f32) -> f32 {
     }
 }
 
-/// Static W8A8 FP8 linear: `y[m, n] = (is · ws) · Σ_k e4m3(clamp(x[m,k] / is, ±448)) · W8[n, k]`.
-/// `weight`: `[N, K/4]` words of four E4M3 bytes.
-#[cube(launch)]
-pub fn fp8_linear_kernel(
-    x: &Array<f32>,
+/// One lane's share of a W8A8 row dot product: `Σ e4m3(clamp(x / is, ±448)) · W8[row, k]` over
+/// the words `w ≡ UNIT_POS_X mod CUBE_DIM_X`.
+#[cube]
+fn fp8_partial<F: Float>(
+    x: &Array<F>,
     weight: &Array<u32>,
     e4m3: &Array<f32>,
-    y: &mut Array<f32>,
+    row: usize,
+    xrow: usize,
+    k: usize,
+    input_scale: f32,
+) -> f32 {
+    let nw = k / 4;
+    let mut acc = 0.0f32;
+    let mut w = UNIT_POS_X as usize;
+    while w < nw {
+        let word = weight[row * nw + w];
+        for j in 0..4usize {
+            let byte = (word >> ((j * 8) as u32)) & 255u32;
+            let xv = f32::clamp(
+                f32::cast_from(x[xrow * k + w * 4 + j]) / input_scale,
+                -448.0f32,
+                448.0f32,
+            );
+            acc += e4m3_round(xv) * e4m3[byte as usize];
+        }
+        w += CUBE_DIM_X as usize;
+    }
+    acc
+}
+
+/// Static W8A8 FP8 linear: `y[m, n] = (is · ws) · Σ_k e4m3(clamp(x[m,k] / is, ±448)) · W8[n, k]`.
+/// `weight`: `[N, K/4]` words of four E4M3 bytes. Cubes as in [`nvfp4_linear_kernel`].
+#[cube(launch)]
+pub fn fp8_linear_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<u32>,
+    e4m3: &Array<f32>,
+    y: &mut Array<F>,
     k: u32,
     n_out: u32,
     input_scale: f32,
     weight_scale: f32,
-    #[comptime] block: u32,
+    #[comptime] units: u32,
 ) {
-    let n = CUBE_POS_X as usize;
+    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let m = CUBE_POS_Y as usize;
-    let k = k as usize;
-    let nw = k / 4;
     let mut acc = 0.0f32;
-    let mut w = UNIT_POS as usize;
-    while w < nw {
-        let word = weight[n * nw + w];
-        for j in 0..4usize {
-            let byte = (word >> ((j * 8) as u32)) & 255u32;
-            let xv = f32::clamp(x[m * k + w * 4 + j] / input_scale, -448.0f32, 448.0f32);
-            acc += e4m3_round(xv) * e4m3[byte as usize];
-        }
-        w += block as usize;
+    if n < n_out as usize {
+        acc = fp8_partial(x, weight, e4m3, n, m, k as usize, input_scale);
     }
-    let total = cube_sum(acc, block);
-    if UNIT_POS == 0 {
-        y[m * n_out as usize + n] = total * (input_scale * weight_scale);
+    let total = row_sum(acc, units);
+    if UNIT_POS_X == 0 && n < n_out as usize {
+        y[m * n_out as usize + n] = F::cast_from(total * (input_scale * weight_scale));
     }
 }
 
 /// Routed-expert FP8 W8A8 linear (slots as in [`nvfp4_expert_linear_kernel`]); `weight`
 /// `[E · N, K/4]` words, per-expert `input_scales` and `weight_scales` `[E]`.
 #[cube(launch)]
-pub fn fp8_expert_linear_kernel(
-    x: &Array<f32>,
+pub fn fp8_expert_linear_kernel<F: Float>(
+    x: &Array<F>,
     experts: &Array<i32>,
     weight: &Array<u32>,
     input_scales: &Array<f32>,
     weight_scales: &Array<f32>,
     e4m3: &Array<f32>,
-    y: &mut Array<f32>,
+    y: &mut Array<F>,
     k: u32,
     n_out: u32,
     slots: u32,
     div: u32,
-    #[comptime] block: u32,
+    #[comptime] units: u32,
 ) {
-    let n = CUBE_POS_X as usize;
     let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     if slot >= slots as usize {
         terminate!();
     }
+    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let e = experts[slot] as usize;
-    let m = slot / div as usize;
-    let k = k as usize;
-    let nw = k / 4;
-    let row = e * n_out as usize + n;
     let input_scale = input_scales[e];
     let mut acc = 0.0f32;
-    let mut w = UNIT_POS as usize;
-    while w < nw {
-        let word = weight[row * nw + w];
-        for j in 0..4usize {
-            let byte = (word >> ((j * 8) as u32)) & 255u32;
-            let xv = f32::clamp(x[m * k + w * 4 + j] / input_scale, -448.0f32, 448.0f32);
-            acc += e4m3_round(xv) * e4m3[byte as usize];
-        }
-        w += block as usize;
+    if n < n_out as usize {
+        let row = e * n_out as usize + n;
+        acc = fp8_partial(
+            x,
+            weight,
+            e4m3,
+            row,
+            slot / div as usize,
+            k as usize,
+            input_scale,
+        );
     }
-    let total = cube_sum(acc, block);
-    if UNIT_POS == 0 {
-        y[slot * n_out as usize + n] = total * (input_scale * weight_scales[e]);
+    let total = row_sum(acc, units);
+    if UNIT_POS_X == 0 && n < n_out as usize {
+        y[slot * n_out as usize + n] = F::cast_from(total * (input_scale * weight_scales[e]));
     }
 }
 

@@ -26,9 +26,22 @@ pub type WgpuBackend = CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u32>;
 #[cfg(feature = "cuda")]
 pub type CudaBackend<F = f32> = CubeBackend<cubecl::cuda::CudaRuntime, F, i32, u8>;
 
-/// Units per cube for the linear kernels (a power of two).
-const LINEAR_BLOCK: u32 = 64;
+/// Linear kernels: lanes per output row (a power of two) × output rows per cube.
+const LINEAR_LANES: u32 = 32;
+const LINEAR_ROWS: u32 = 8;
+const LINEAR_UNITS: u32 = LINEAR_LANES * LINEAR_ROWS;
+
+fn linear_dim() -> CubeDim {
+    CubeDim::new_2d(LINEAR_LANES, LINEAR_ROWS)
+}
+
+/// Cubes for `n` output rows of `m` input rows.
+fn linear_grid(n: usize, m: usize) -> CubeCount {
+    CubeCount::Static(n.div_ceil(LINEAR_ROWS as usize) as u32, m as u32, 1)
+}
 const ELEMWISE_BLOCK: u32 = 128;
+/// Units per RMSNorm cube (a power of two).
+const NORM_UNITS: u32 = 256;
 /// Matmul cube: columns per cube × unit rows splitting K (a power of two).
 const MATMUL_COLS: u32 = 32;
 const MATMUL_SPLITS: u32 = 16;
@@ -154,11 +167,15 @@ where
     into_contiguous(t.cast(burn::tensor::IntDType::I32).into_primitive())
 }
 
-/// The cube grid for one cube per `(output row, slot)`.
+/// The cube grid for `LINEAR_ROWS` output rows of one slot per cube.
 fn slot_grid(n: usize, slots: usize) -> CubeCount {
     let cy = slots.clamp(1, MAX_CUBES_Y);
     let cz = slots.div_ceil(cy).max(1);
-    CubeCount::Static(n as u32, cy as u32, cz as u32)
+    CubeCount::Static(
+        n.div_ceil(LINEAR_ROWS as usize) as u32,
+        cy as u32,
+        cz as u32,
+    )
 }
 
 /// The most cubes along y (CUDA's limit); more slots spill onto z.
@@ -195,6 +212,34 @@ fn f32_cube<
         t.cast(DType::F32)
     };
     into_contiguous(t.into_primitive().tensor())
+}
+
+/// A float tensor as a contiguous buffer in a storage type the kernels read (f32, bf16, f16;
+/// others go through f32), with that dtype.
+fn float_cube<
+    R: CubeRuntime,
+    B: burn::tensor::backend::Backend<FloatTensorPrimitive = CubeTensor<R>>,
+    const D: usize,
+>(
+    t: Tensor<B, D>,
+) -> (CubeTensor<R>, DType) {
+    let t = match t.dtype() {
+        DType::F32 | DType::BF16 | DType::F16 => t,
+        _ => t.cast(DType::F32),
+    };
+    let dtype = t.dtype();
+    (into_contiguous(t.into_primitive().tensor()), dtype)
+}
+
+/// Runs `$launch!(T)` with `T` the Rust type of float dtype `$dtype`.
+macro_rules! with_float {
+    ($dtype:expr, $launch:ident) => {
+        match $dtype {
+            DType::BF16 => $launch!(burn::tensor::bf16),
+            DType::F16 => $launch!(burn::tensor::f16),
+            _ => $launch!(f32),
+        }
+    };
 }
 
 fn from_cube<B: burn::tensor::backend::Backend, const D: usize>(
@@ -281,32 +326,37 @@ where
             w.in_features
         );
         let [slots] = experts.dims();
-        let x = f32_cube(x);
+        let (x, xdtype) = float_cube(x);
         let idx = index_cube(experts);
         let n = w.out_features;
         let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([slots, n]),
-            DType::F32,
+            xdtype,
         );
-        kernels::fp8_expert_linear_kernel::launch::<R>(
-            &w.client,
-            slot_grid(n, slots),
-            CubeDim::new_1d(LINEAR_BLOCK),
-            array(&x),
-            array(&idx),
-            handle_array(&w.weight, w.experts * n * k / 4),
-            handle_array(&w.input_scales, w.experts),
-            handle_array(&w.weight_scales, w.experts),
-            handle_array(&w.luts.e4m3, 256),
-            array(&y),
-            k as u32,
-            n as u32,
-            slots as u32,
-            div as u32,
-            LINEAR_BLOCK,
-        );
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::fp8_expert_linear_kernel::launch::<$t, R>(
+                    &w.client,
+                    slot_grid(n, slots),
+                    linear_dim(),
+                    array(&x),
+                    array(&idx),
+                    handle_array(&w.weight, w.experts * n * k / 4),
+                    handle_array(&w.input_scales, w.experts),
+                    handle_array(&w.weight_scales, w.experts),
+                    handle_array(&w.luts.e4m3, 256),
+                    array(&y),
+                    k as u32,
+                    n as u32,
+                    slots as u32,
+                    div as u32,
+                    LINEAR_UNITS,
+                )
+            };
+        }
+        with_float!(xdtype, go);
         from_cube::<Self, 2>(y, dtype)
     }
 
@@ -357,33 +407,38 @@ where
             w.in_features
         );
         let [slots] = experts.dims();
-        let x = f32_cube(x);
+        let (x, xdtype) = float_cube(x);
         let idx = index_cube(experts);
         let n = w.out_features;
         let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([slots, n]),
-            DType::F32,
+            xdtype,
         );
-        kernels::nvfp4_expert_linear_kernel::launch::<R>(
-            &w.client,
-            slot_grid(n, slots),
-            CubeDim::new_1d(LINEAR_BLOCK),
-            array(&x),
-            array(&idx),
-            handle_array(&w.packed, w.experts * n * k / 8),
-            handle_array(&w.scales, w.experts * n * w.scale_words),
-            handle_array(&w.globals, w.experts),
-            handle_array(&w.luts.e4m3, 256),
-            array(&y),
-            k as u32,
-            n as u32,
-            w.scale_words as u32,
-            slots as u32,
-            div as u32,
-            LINEAR_BLOCK,
-        );
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::nvfp4_expert_linear_kernel::launch::<$t, R>(
+                    &w.client,
+                    slot_grid(n, slots),
+                    linear_dim(),
+                    array(&x),
+                    array(&idx),
+                    handle_array(&w.packed, w.experts * n * k / 8),
+                    handle_array(&w.scales, w.experts * n * w.scale_words),
+                    handle_array(&w.globals, w.experts),
+                    handle_array(&w.luts.e4m3, 256),
+                    array(&y),
+                    k as u32,
+                    n as u32,
+                    w.scale_words as u32,
+                    slots as u32,
+                    div as u32,
+                    LINEAR_UNITS,
+                )
+            };
+        }
+        with_float!(xdtype, go);
         from_cube::<Self, 2>(y, dtype)
     }
 
@@ -500,29 +555,34 @@ where
             "nvfp4_linear: x has {k} columns, the weight {} inputs",
             w.in_features
         );
-        let x = f32_cube(x);
+        let (x, xdtype) = float_cube(x);
         let n = w.out_features;
         let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([m, n]),
-            DType::F32,
+            xdtype,
         );
-        kernels::nvfp4_linear_kernel::launch::<R>(
-            &w.client,
-            CubeCount::Static(n as u32, m as u32, 1),
-            CubeDim::new_1d(LINEAR_BLOCK),
-            array(&x),
-            handle_array(&w.packed, n * k / 8),
-            handle_array(&w.scales, n * w.scale_words),
-            handle_array(&w.luts.e4m3, 256),
-            array(&y),
-            k as u32,
-            n as u32,
-            w.scale_words as u32,
-            w.global_scale,
-            LINEAR_BLOCK,
-        );
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::nvfp4_linear_kernel::launch::<$t, R>(
+                    &w.client,
+                    linear_grid(n, m),
+                    linear_dim(),
+                    array(&x),
+                    handle_array(&w.packed, n * k / 8),
+                    handle_array(&w.scales, n * w.scale_words),
+                    handle_array(&w.luts.e4m3, 256),
+                    array(&y),
+                    k as u32,
+                    n as u32,
+                    w.scale_words as u32,
+                    w.global_scale,
+                    LINEAR_UNITS,
+                )
+            };
+        }
+        with_float!(xdtype, go);
         from_cube::<Self, 2>(y, dtype)
     }
 
@@ -534,28 +594,89 @@ where
             "fp8_linear: x has {k} columns, the weight {} inputs",
             w.in_features
         );
-        let x = f32_cube(x);
+        let (x, xdtype) = float_cube(x);
         let n = w.out_features;
         let y = empty_device_contiguous_dtype(
             x.client.clone(),
             x.device.clone(),
             Shape::new([m, n]),
-            DType::F32,
+            xdtype,
         );
-        kernels::fp8_linear_kernel::launch::<R>(
-            &w.client,
-            CubeCount::Static(n as u32, m as u32, 1),
-            CubeDim::new_1d(LINEAR_BLOCK),
-            array(&x),
-            handle_array(&w.weight, n * k / 4),
-            handle_array(&w.luts.e4m3, 256),
-            array(&y),
-            k as u32,
-            n as u32,
-            w.input_scale,
-            w.weight_scale,
-            LINEAR_BLOCK,
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::fp8_linear_kernel::launch::<$t, R>(
+                    &w.client,
+                    linear_grid(n, m),
+                    linear_dim(),
+                    array(&x),
+                    handle_array(&w.weight, n * k / 4),
+                    handle_array(&w.luts.e4m3, 256),
+                    array(&y),
+                    k as u32,
+                    n as u32,
+                    w.input_scale,
+                    w.weight_scale,
+                    LINEAR_UNITS,
+                )
+            };
+        }
+        with_float!(xdtype, go);
+        from_cube::<Self, 2>(y, dtype)
+    }
+
+    fn rms_norm(
+        x: Tensor<Self, 2>,
+        gate: Option<Tensor<Self, 2>>,
+        weight: Tensor<Self, 1>,
+        groups: usize,
+        eps: f64,
+    ) -> Tensor<Self, 2> {
+        let dtype = x.dtype();
+        let [r, h] = x.dims();
+        assert!(
+            groups > 0 && h % groups == 0,
+            "rms_norm: {groups} groups do not divide {h} channels"
         );
+        let (x, xdtype) = float_cube(x);
+        let same = |t: CubeTensor<R>| -> CubeTensor<R> {
+            let t = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(t));
+            let t = if t.dtype() == xdtype {
+                t
+            } else {
+                t.cast(xdtype)
+            };
+            into_contiguous(t.into_primitive().tensor())
+        };
+        let w = same(weight.into_primitive().tensor());
+        let g = gate.map(|z| same(z.reshape([r * h]).into_primitive().tensor()));
+        let y = empty_device_contiguous_dtype(
+            x.client.clone(),
+            x.device.clone(),
+            Shape::new([r, h]),
+            xdtype,
+        );
+        let client = x.client.clone();
+        let gated = g.is_some();
+        let gate_arg = g.as_ref().unwrap_or(&x);
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::rms_norm_kernel::launch::<$t, R>(
+                    &client,
+                    CubeCount::Static(r as u32, groups as u32, 1),
+                    CubeDim::new_1d(NORM_UNITS),
+                    array(&x),
+                    array(gate_arg),
+                    array(&w),
+                    array(&y),
+                    h as u32,
+                    (h / groups) as u32,
+                    eps as f32,
+                    gated,
+                    NORM_UNITS,
+                )
+            };
+        }
+        with_float!(xdtype, go);
         from_cube::<Self, 2>(y, dtype)
     }
 
