@@ -13,7 +13,7 @@ pub mod ndarray;
 pub mod reference;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 
 /// An NVFP4 matrix as shipped: `out × in`, E2M1 codes packed two per byte along `in` (low nibble =
 /// even column), one E4M3 scale per 16 inputs, one f32 global scale that multiplies every element.
@@ -38,6 +38,31 @@ pub struct Fp8Matrix {
     pub weight: Vec<u8>,
     pub weight_scale: f32,
     pub input_scale: f32,
+}
+
+/// How a MoE layer picks its experts (DeepSeek-V3-style sigmoid routing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouteConfig {
+    pub top_k: usize,
+    /// Expert groups (1 = no grouping) and how many of them stay selectable.
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub norm_topk_prob: bool,
+    pub routed_scaling_factor: f32,
+    /// Deliberately wrong (tests only): weight by the biased scores.
+    pub weights_from_biased: bool,
+}
+
+/// A selection score far below any real one (finite: WGSL has no infinity literal).
+pub const MASKED_SCORE: f32 = -1.0e30;
+
+/// Top `k` along dim 1 with indices; `k` may equal the width (Burn's `topk` wants fewer).
+fn top_k<B: Backend>(t: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
+    if t.dims()[1] > k {
+        t.topk_with_indices(k, 1)
+    } else {
+        t.sort_descending_with_indices(1)
+    }
 }
 
 /// Mamba2 dimensions an op needs.
@@ -153,6 +178,56 @@ pub trait NemotronBackend: Backend {
         } else {
             y.cast(dtype)
         }
+    }
+
+    /// MoE routing from the router's f32 logits `[N, E]` and the selection bias `[E]` (f32):
+    /// `s = sigmoid(logits)`; experts are chosen by `s + bias` — with groups, only among the
+    /// `topk_group` groups whose two best biased scores sum highest — and weighted by `s`
+    /// (renormalized over the chosen when `norm_topk_prob`), times `routed_scaling_factor`.
+    /// Returns `(indices [N, k], weights [N, k] f32)`, both on the device.
+    fn moe_route(
+        logits: Tensor<Self, 2>,
+        bias: Tensor<Self, 1>,
+        c: &RouteConfig,
+    ) -> (Tensor<Self, 2, Int>, Tensor<Self, 2>) {
+        use burn::tensor::IndexingUpdateOp;
+        let [n, e] = logits.dims();
+        let scores = burn::tensor::activation::sigmoid(logits);
+        let choice = scores.clone() + bias.unsqueeze::<2>();
+        let choice = if c.n_group > 1 {
+            let per = e / c.n_group;
+            let grouped = choice.clone().reshape([n, c.n_group, per]);
+            let best = if per > 2 { grouped.topk(2, 2) } else { grouped };
+            let group_scores = best.sum_dim(2).reshape([n, c.n_group]);
+            let (_, keep) = top_k(group_scores, c.topk_group);
+            let dev = choice.device();
+            let ones = Tensor::<Self, 2>::ones(keep.dims(), &dev);
+            let keep_mask = Tensor::<Self, 2>::zeros([n, c.n_group], &dev).scatter(
+                1,
+                keep,
+                ones,
+                IndexingUpdateOp::Add,
+            );
+            let dropped = keep_mask
+                .unsqueeze_dim::<3>(2)
+                .expand([n, c.n_group, per])
+                .reshape([n, e])
+                .lower_elem(0.5);
+            choice.mask_fill(dropped, MASKED_SCORE)
+        } else {
+            choice
+        };
+        let (_, idx) = top_k(choice.clone(), c.top_k);
+        let source = if c.weights_from_biased {
+            choice
+        } else {
+            scores
+        };
+        let mut w = source.gather(1, idx.clone());
+        if c.norm_topk_prob {
+            w = w.clone() / (w.sum_dim(1) + 1e-20);
+        }
+        (idx, w * c.routed_scaling_factor)
     }
 
     /// Depthwise causal conv over time + bias + SiLU.

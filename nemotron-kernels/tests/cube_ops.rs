@@ -267,6 +267,57 @@ pub fn rms_norm_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
     }
 }
 
+/// The routing kernel against the composed Burn ops: same experts in the same order, same weights
+/// (plain and grouped, renormalized or not, the biased-weights deviation).
+pub fn moe_route_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    use nemotron_kernels::RouteConfig;
+    let mut rng = Rng(8, false);
+    for (n, e, top_k, n_group, topk_group, renorm, biased) in [
+        (1, 128, 6, 1, 1, true, false),
+        (7, 16, 4, 4, 2, true, false),
+        (5, 32, 8, 8, 3, false, false),
+        (3, 16, 2, 2, 1, true, true),
+    ] {
+        let logits = rng.vec(n * e, 4.0);
+        let bias = rng.vec(e, 0.5);
+        let c = RouteConfig {
+            top_k,
+            n_group,
+            topk_group,
+            norm_topk_prob: renorm,
+            routed_scaling_factor: 2.5,
+            weights_from_biased: biased,
+        };
+        let d = Default::default();
+        let lf = |v: &[f32]| burn::tensor::TensorData::new(v.to_vec(), [n, e]);
+        let (ri, rw) = Ref::moe_route(
+            Tensor::from_data(lf(&logits), &d),
+            t::<Ref, 1>(&bias, [e], &d),
+            &c,
+        );
+        let (gi, gw) = B::moe_route(
+            Tensor::from_data(lf(&logits), (dev, burn::tensor::DType::F32)),
+            Tensor::from_data(
+                burn::tensor::TensorData::new(bias.clone(), [e]),
+                (dev, burn::tensor::DType::F32),
+            ),
+            &c,
+        );
+
+        assert_eq!(
+            gi.into_data().convert::<i64>().into_vec::<i64>().unwrap(),
+            ri.into_data().convert::<i64>().into_vec::<i64>().unwrap(),
+            "route {n}×{e} top-{top_k} groups {n_group}: experts"
+        );
+        close(
+            &format!("route {n}×{e} top-{top_k} groups {n_group}/{topk_group} weights"),
+            &host(gw),
+            &host(rw),
+            band.lin.min(1e-5),
+        );
+    }
+}
+
 pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
     let mut rng = Rng(5, band.bf16);
     for (b, m, k, n) in [
@@ -424,6 +475,10 @@ mod wgpu {
         super::rms_norm_matches::<B>(&dev(), super::F32);
     }
     #[test]
+    fn wgpu_moe_route() {
+        super::moe_route_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
     fn wgpu_matmul() {
         super::matmul_matches::<B>(&dev(), super::F32);
     }
@@ -462,6 +517,11 @@ mod cuda {
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_rms_norm() {
         super::rms_norm_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_moe_route() {
+        super::moe_route_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]

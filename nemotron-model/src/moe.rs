@@ -9,11 +9,9 @@
 
 use crate::mlp::Mlp;
 use crate::util::relu2;
-use burn::tensor::{activation::sigmoid, DType, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 use nemotron_kernels::NemotronBackend;
 
-/// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
-const MASKED: f32 = -1.0e30;
 use nemotron_loader::config::MoeConfig;
 
 #[derive(Debug, Clone)]
@@ -82,41 +80,22 @@ impl<B: NemotronBackend> Moe<B> {
         bias_in_weights: bool,
     ) -> (Tensor<B, 2, Int>, Tensor<B, 2>) {
         let c = &self.cfg;
-        let n = x.dims()[0];
-        let e = c.n_routed_experts;
         // The router runs in f32 whatever the activation dtype (its weights are kept f32).
         let x = if x.dtype() == DType::F32 {
             x
         } else {
             x.cast(DType::F32)
         };
-        let scores = sigmoid(crate::linear::mm(x, self.router_t.clone()));
-        let choice = scores.clone() + self.correction_bias.clone().unsqueeze::<2>();
-        let choice = if c.n_group > 1 {
-            // DeepSeek-V3 rule: a group's score is the sum of its two best biased scores; keep the
-            // `topk_group` best groups and select only among their experts.
-            let per = e / c.n_group;
-            let grouped = choice.clone().reshape([n, c.n_group, per]);
-            let best = if per > 2 { grouped.topk(2, 2) } else { grouped };
-            let group_scores = best.sum_dim(2).reshape([n, c.n_group]);
-            let (_, keep) = top_k(group_scores, c.topk_group);
-            let keep_mask = scatter_ones(Tensor::zeros([n, c.n_group], &choice.device()), keep);
-            let dropped = keep_mask
-                .unsqueeze_dim::<3>(2)
-                .expand([n, c.n_group, per])
-                .reshape([n, e])
-                .lower_elem(0.5);
-            choice.mask_fill(dropped, MASKED)
-        } else {
-            choice
+        let logits = crate::linear::mm(x, self.router_t.clone());
+        let rc = nemotron_kernels::RouteConfig {
+            top_k: c.top_k,
+            n_group: c.n_group,
+            topk_group: c.topk_group,
+            norm_topk_prob: c.norm_topk_prob,
+            routed_scaling_factor: c.routed_scaling_factor as f32,
+            weights_from_biased: bias_in_weights,
         };
-        let (_, idx) = top_k(choice.clone(), c.top_k);
-        let source = if bias_in_weights { choice } else { scores };
-        let mut w = source.gather(1, idx.clone());
-        if c.norm_topk_prob {
-            w = w.clone() / (w.sum_dim(1) + 1e-20);
-        }
-        (idx, w * c.routed_scaling_factor)
+        B::moe_route(logits, self.correction_bias.clone(), &rc)
     }
 
     /// `h`: `[B, T, hidden]`.
@@ -220,21 +199,6 @@ impl<B: NemotronBackend> Moe<B> {
         }
         out
     }
-}
-
-/// Top `k` along dim 1 with indices; `k` may equal the width (Burn's `topk` wants fewer).
-fn top_k<B: NemotronBackend>(t: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
-    if t.dims()[1] > k {
-        t.topk_with_indices(k, 1)
-    } else {
-        t.sort_descending_with_indices(1)
-    }
-}
-
-/// Sets `mask[r, keep[r, j]] = 1` for every `j`.
-fn scatter_ones<B: NemotronBackend>(mask: Tensor<B, 2>, keep: Tensor<B, 2, Int>) -> Tensor<B, 2> {
-    let ones = Tensor::<B, 2>::ones(keep.dims(), &mask.device());
-    mask.scatter(1, keep, ones, IndexingUpdateOp::Add)
 }
 
 /// Puts one layer's routed experts on the device: stacked when every expert has the same form

@@ -680,6 +680,57 @@ where
         from_cube::<Self, 2>(y, dtype)
     }
 
+    fn moe_route(
+        logits: Tensor<Self, 2>,
+        bias: Tensor<Self, 1>,
+        c: &crate::RouteConfig,
+    ) -> (Tensor<Self, 2, burn::tensor::Int>, Tensor<Self, 2>) {
+        let [n, e] = logits.dims();
+        assert!(
+            c.n_group >= 1 && c.n_group <= 32 && e % c.n_group == 0 && c.top_k <= e,
+            "moe_route: {e} experts, {} groups, top-{}",
+            c.n_group,
+            c.top_k
+        );
+        let (lg, b) = (f32_cube(logits), f32_cube(bias));
+        let client = lg.client.clone();
+        let idx = empty_device_contiguous_dtype(
+            client.clone(),
+            lg.device.clone(),
+            Shape::new([n, c.top_k]),
+            DType::I32,
+        );
+        let w = empty_device_contiguous_dtype(
+            client.clone(),
+            lg.device.clone(),
+            Shape::new([n, c.top_k]),
+            DType::F32,
+        );
+        let (count, dim) = elemwise_count(n);
+        kernels::moe_route_kernel::launch::<R>(
+            &client,
+            count,
+            dim,
+            array(&lg),
+            array(&b),
+            array(&idx),
+            array(&w),
+            n as u32,
+            e as u32,
+            c.top_k as u32,
+            c.n_group as u32,
+            c.topk_group as u32,
+            c.routed_scaling_factor,
+            crate::MASKED_SCORE,
+            c.norm_topk_prob,
+            c.weights_from_biased,
+        );
+        (
+            Tensor::from_primitive(idx),
+            Tensor::from_primitive(TensorPrimitive::Float(w)),
+        )
+    }
+
     fn causal_conv1d(
         x: Tensor<Self, 3>,
         weight: Tensor<Self, 2>,
