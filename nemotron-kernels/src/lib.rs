@@ -56,6 +56,12 @@ pub struct RouteConfig {
 /// A selection score far below any real one (finite: WGSL has no infinity literal).
 pub const MASKED_SCORE: f32 = -1.0e30;
 
+/// `relu(x)²`.
+pub fn relu2<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    let r = burn::tensor::activation::relu(x);
+    r.clone() * r
+}
+
 /// Top `k` along dim 1 with indices; `k` may equal the width (Burn's `topk` wants fewer).
 fn top_k<B: Backend>(t: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
     if t.dims()[1] > k {
@@ -137,6 +143,51 @@ pub trait NemotronBackend: Backend {
         div: usize,
         w: &Self::Nvfp4Experts,
     ) -> Tensor<Self, 2>;
+
+    /// `relu(nvfp4_linear(x, w))²` (up projections): device backends square in the kernel.
+    fn nvfp4_linear_relu2(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
+        relu2(Self::nvfp4_linear(x, w))
+    }
+
+    /// `relu(fp8_linear(x, w))²`.
+    fn fp8_linear_relu2(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2> {
+        relu2(Self::fp8_linear(x, w))
+    }
+
+    /// `relu(nvfp4_expert_linear(..))²`.
+    fn nvfp4_expert_linear_relu2(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, Int>,
+        div: usize,
+        w: &Self::Nvfp4Experts,
+    ) -> Tensor<Self, 2> {
+        relu2(Self::nvfp4_expert_linear(x, experts, div, w))
+    }
+
+    /// `relu(fp8_expert_linear(..))²`.
+    fn fp8_expert_linear_relu2(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, Int>,
+        div: usize,
+        w: &Self::Fp8Experts,
+    ) -> Tensor<Self, 2> {
+        relu2(Self::fp8_expert_linear(x, experts, div, w))
+    }
+
+    /// Mamba2's `dt = softplus(dt_raw + dt_bias)` (`[B, T, H]`, bias `[H]`), then `max(dt, min)`
+    /// where a minimum is given (HF's prefill clamp, a deviation here). Fused on device backends.
+    fn dt_softplus(
+        dt: Tensor<Self, 3>,
+        bias: Tensor<Self, 1>,
+        min: Option<f32>,
+    ) -> Tensor<Self, 3> {
+        let x = dt + bias.unsqueeze::<3>();
+        let y = x.clone().clamp_min(0.0) + x.abs().neg().exp().log1p();
+        match min {
+            Some(m) => y.clamp_min(m),
+            None => y,
+        }
+    }
 
     /// Static W8A8: `xq = e4m3(clamp(x / input_scale, ±448))`,
     /// `y = (xq · e4m3(W)ᵀ) · (input_scale · weight_scale)`.

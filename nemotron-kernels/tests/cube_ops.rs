@@ -135,9 +135,25 @@ pub fn nvfp4_linear_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
         ));
         let got = host(B::nvfp4_linear(
             t::<B, 2>(&x, [m, k], dev),
-            &B::nvfp4_weight(w, dev),
+            &B::nvfp4_weight(w.clone(), dev),
         ));
         close(&format!("nvfp4 {m}×{k}→{n}"), &got, &want, band.lin);
+        let wr = Ref::nvfp4_weight(w.clone(), &Default::default());
+        let want2 = host(Ref::nvfp4_linear_relu2(
+            t::<Ref, 2>(&x, [m, k], &Default::default()),
+            &wr,
+        ));
+        let got2 = host(B::nvfp4_linear_relu2(
+            t::<B, 2>(&x, [m, k], dev),
+            &B::nvfp4_weight(w, dev),
+        ));
+        // relu² doubles the relative error and squares the scale.
+        close(
+            &format!("nvfp4 relu² {m}×{k}→{n}"),
+            &got2,
+            &want2,
+            2.0 * band.lin,
+        );
     }
 }
 
@@ -189,13 +205,31 @@ pub fn expert_linears_match<B: NemotronBackend>(dev: &B::Device, band: Band) {
             t::<B, 2>(&x, [rows, k], dev),
             int::<B>(&idx, dev),
             div,
-            &B::nvfp4_experts(nv, dev),
+            &B::nvfp4_experts(nv.clone(), dev),
         ));
         close(
             &format!("nvfp4 experts {slots} slots {k}→{n} div {div}"),
             &got,
             &want,
             band.lin,
+        );
+        let want2 = host(Ref::nvfp4_expert_linear_relu2(
+            t::<Ref, 2>(&x, [rows, k], &Default::default()),
+            int::<Ref>(&idx, &Default::default()),
+            div,
+            &Ref::nvfp4_experts(nv.clone(), &Default::default()),
+        ));
+        let got2 = host(B::nvfp4_expert_linear_relu2(
+            t::<B, 2>(&x, [rows, k], dev),
+            int::<B>(&idx, dev),
+            div,
+            &B::nvfp4_experts(nv.clone(), dev),
+        ));
+        close(
+            &format!("nvfp4 experts relu² {slots} slots {k}→{n} div {div}"),
+            &got2,
+            &want2,
+            2.0 * band.lin,
         );
         let f8: Vec<Fp8Matrix> = (0..e)
             .map(|i| {
@@ -219,13 +253,31 @@ pub fn expert_linears_match<B: NemotronBackend>(dev: &B::Device, band: Band) {
             t::<B, 2>(&x, [rows, k], dev),
             int::<B>(&idx, dev),
             div,
-            &B::fp8_experts(f8, dev),
+            &B::fp8_experts(f8.clone(), dev),
         ));
         close(
             &format!("fp8 experts {slots} slots {k}→{n} div {div}"),
             &got,
             &want,
             band.lin,
+        );
+        let want2 = host(Ref::fp8_expert_linear_relu2(
+            t::<Ref, 2>(&x, [rows, k], &Default::default()),
+            int::<Ref>(&idx, &Default::default()),
+            div,
+            &Ref::fp8_experts(f8.clone(), &Default::default()),
+        ));
+        let got2 = host(B::fp8_expert_linear_relu2(
+            t::<B, 2>(&x, [rows, k], dev),
+            int::<B>(&idx, dev),
+            div,
+            &B::fp8_experts(f8.clone(), dev),
+        ));
+        close(
+            &format!("fp8 experts relu² {slots} slots {k}→{n} div {div}"),
+            &got2,
+            &want2,
+            2.0 * band.lin,
         );
     }
 }
@@ -318,6 +370,29 @@ pub fn moe_route_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
     }
 }
 
+/// The fused `softplus(dt + bias)` (with and without the clamp) against the composed ops.
+pub fn dt_softplus_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
+    let mut rng = Rng(9, band.bf16);
+    let (b, tt, h) = (2, 5, 12);
+    // Raw dt over a range that exercises both softplus branches, large and tiny values.
+    let dt = rng.vec(b * tt * h, 25.0);
+    let bias = rng.vec(h, 4.0);
+    for min in [None, Some(1e-3f32)] {
+        let d = Default::default();
+        let want = host(Ref::dt_softplus(
+            t::<Ref, 3>(&dt, [b, tt, h], &d),
+            t::<Ref, 1>(&bias, [h], &d),
+            min,
+        ));
+        let got = host(B::dt_softplus(
+            t::<B, 3>(&dt, [b, tt, h], dev),
+            t::<B, 1>(&bias, [h], dev),
+            min,
+        ));
+        close(&format!("dt softplus min {min:?}"), &got, &want, band.lin);
+    }
+}
+
 pub fn matmul_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
     let mut rng = Rng(5, band.bf16);
     for (b, m, k, n) in [
@@ -365,6 +440,20 @@ pub fn fp8_linear_matches<B: NemotronBackend>(dev: &B::Device, band: Band) {
         ));
         // Same activation codes ⇒ only summation order differs.
         close(&format!("fp8 {m}×{k}→{n}"), &got, &want, band.lin);
+        let want2 = host(Ref::fp8_linear_relu2(
+            t::<Ref, 2>(&x, [m, k], &Default::default()),
+            &Ref::fp8_weight(w.clone(), &Default::default()),
+        ));
+        let got2 = host(B::fp8_linear_relu2(
+            t::<B, 2>(&x, [m, k], dev),
+            &B::fp8_weight(w.clone(), dev),
+        ));
+        close(
+            &format!("fp8 relu² {m}×{k}→{n}"),
+            &got2,
+            &want2,
+            2.0 * band.lin,
+        );
     }
 }
 
@@ -479,6 +568,10 @@ mod wgpu {
         super::moe_route_matches::<B>(&dev(), super::F32);
     }
     #[test]
+    fn wgpu_dt_softplus() {
+        super::dt_softplus_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
     fn wgpu_matmul() {
         super::matmul_matches::<B>(&dev(), super::F32);
     }
@@ -522,6 +615,11 @@ mod cuda {
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_moe_route() {
         super::moe_route_matches::<B>(&dev(), super::F32);
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_dt_softplus() {
+        super::dt_softplus_matches::<B>(&dev(), super::F32);
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
@@ -569,6 +667,11 @@ mod cuda {
         #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
         fn cuda_bf16_rms_norm() {
             super::super::rms_norm_matches::<B>(&dev(), BF16);
+        }
+        #[test]
+        #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+        fn cuda_bf16_dt_softplus() {
+            super::super::dt_softplus_matches::<B>(&dev(), BF16);
         }
         #[test]
         #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]

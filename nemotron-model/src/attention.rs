@@ -99,7 +99,7 @@ impl<B: NemotronBackend> Attention<B> {
             };
             outs.push(o);
         }
-        self.o.forward(Tensor::stack::<3>(outs, 0))
+        self.o.forward(crate::util::stack(outs))
     }
 }
 

@@ -97,6 +97,26 @@ impl<B: NemotronBackend> Linear<B> {
         y.reshape(out)
     }
 
+    /// `relu(self.forward(x))²`, squared inside the quantized kernels (the MLP up projections).
+    pub fn forward_relu2<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let k = dims[D - 1];
+        let rows = dims.iter().take(D - 1).product::<usize>();
+        let x2: Tensor<B, 2> = x.reshape([rows, k]);
+        let y = match self {
+            Linear::Nvfp4 { weight, .. } => B::nvfp4_linear_relu2(x2, weight),
+            Linear::Fp8 {
+                weight,
+                dequant: None,
+                ..
+            } => B::fp8_linear_relu2(x2, weight),
+            _ => crate::util::relu2(self.forward(x2)),
+        };
+        let mut out = dims;
+        out[D - 1] = self.out_features();
+        y.reshape(out)
+    }
+
     /// For the W8A8-as-weight-only deviation: replaces the FP8 path by a dense dequantized weight.
     pub(crate) fn fp8_as_weight_only(&mut self, w: &nemotron_loader::Fp8Weight, dev: &B::Device) {
         if let Linear::Fp8 { dequant, .. } = self {

@@ -4,7 +4,6 @@
 use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::norm::GatedRmsNorm;
-use crate::util::softplus;
 use burn::tensor::Tensor;
 use nemotron_kernels::NemotronBackend;
 use nemotron_loader::config::MambaConfig;
@@ -68,8 +67,8 @@ impl<B: NemotronBackend> Mamba2<B> {
                 other => panic!("layer {layer} holds {other:?}, expected Mamba state"),
             })
             .unzip();
-        let conv_state = Tensor::stack::<3>(conv_states, 0);
-        let ssm_state = Tensor::stack::<4>(ssm_states, 0);
+        let conv_state = crate::util::stack(conv_states);
+        let ssm_state = crate::util::stack(ssm_states);
 
         let (xbc, conv_state) = B::causal_conv1d(
             xbc,
@@ -86,10 +85,7 @@ impl<B: NemotronBackend> Mamba2<B> {
         let cm = xbc
             .slice_dim(2, i + g * n..i + 2 * g * n)
             .reshape([bsz, t, g, n]);
-        let mut dt = softplus(dt + self.dt_bias.clone().unsqueeze::<3>());
-        if let Some(m) = dev_opts.dt_min_clamp {
-            dt = dt.clamp_min(m);
-        }
+        let dt = B::dt_softplus(dt, self.dt_bias.clone(), dev_opts.dt_min_clamp);
         let (y, ssm_state) = B::selective_scan(
             x,
             dt,

@@ -1,7 +1,6 @@
 //! The non-gated relu² MLP: `down(relu(up · x)²)`, used by the dense `-` layers and by every expert.
 
 use crate::linear::Linear;
-use crate::util::relu2;
 use burn::tensor::Tensor;
 use nemotron_kernels::NemotronBackend;
 
@@ -13,6 +12,6 @@ pub struct Mlp<B: NemotronBackend> {
 
 impl<B: NemotronBackend> Mlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        self.down.forward(relu2(self.up.forward(x)))
+        self.down.forward(self.up.forward_relu2(x))
     }
 }

@@ -109,12 +109,12 @@ impl<B: NemotronBackend> Moe<B> {
         let routed = match &self.experts {
             Experts::Nvfp4 { up, down } => {
                 let slots = idx.clone().reshape([n * k]);
-                let hs = relu2(B::nvfp4_expert_linear(x.clone(), slots.clone(), k, up));
+                let hs = B::nvfp4_expert_linear_relu2(x.clone(), slots.clone(), k, up);
                 Some(B::nvfp4_expert_linear(hs, slots, 1, down))
             }
             Experts::Fp8 { up, down } => {
                 let slots = idx.clone().reshape([n * k]);
-                let hs = relu2(B::fp8_expert_linear(x.clone(), slots.clone(), k, up));
+                let hs = B::fp8_expert_linear_relu2(x.clone(), slots.clone(), k, up);
                 Some(B::fp8_expert_linear(hs, slots, 1, down))
             }
             Experts::Dense { up, down } => {

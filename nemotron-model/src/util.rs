@@ -22,10 +22,16 @@ pub fn from_vec<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(v, shape), dev)
 }
 
-/// `softplus(x) = max(x, 0) + log1p(exp(-|x|))`: exact for very negative `x`, where
-/// `log(1 + exp(x))` rounds to 0 in f32 (dt far below 1e-3 must survive).
-pub fn softplus<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    x.clone().clamp_min(0.0) + x.abs().neg().exp().log1p()
+/// `Tensor::stack` along a new leading dim; one tensor is only reshaped (no copy kernel: the
+/// batch-1 decode path).
+pub fn stack<B: Backend, const D: usize, const D2: usize>(
+    mut ts: Vec<Tensor<B, D>>,
+) -> Tensor<B, D2> {
+    if ts.len() == 1 {
+        ts.pop().expect("one").unsqueeze::<D2>()
+    } else {
+        Tensor::stack::<D2>(ts, 0)
+    }
 }
 
 /// `relu(x)²`.

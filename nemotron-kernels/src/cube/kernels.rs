@@ -93,6 +93,7 @@ pub fn nvfp4_linear_kernel<F: Float>(
     sw: u32,
     global: f32,
     #[comptime] units: u32,
+    #[comptime] relu2: bool,
 ) {
     let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let m = CUBE_POS_Y as usize;
@@ -102,7 +103,7 @@ pub fn nvfp4_linear_kernel<F: Float>(
     }
     let total = row_sum(acc, units);
     if UNIT_POS_X == 0 && n < n_out as usize {
-        y[m * n_out as usize + n] = F::cast_from(total * global);
+        y[m * n_out as usize + n] = F::cast_from(epilogue(total * global, relu2));
     }
 }
 
@@ -125,6 +126,7 @@ pub fn nvfp4_expert_linear_kernel<F: Float>(
     slots: u32,
     div: u32,
     #[comptime] units: u32,
+    #[comptime] relu2: bool,
 ) {
     let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     if slot >= slots as usize {
@@ -148,7 +150,7 @@ pub fn nvfp4_expert_linear_kernel<F: Float>(
     }
     let total = row_sum(acc, units);
     if UNIT_POS_X == 0 && n < n_out as usize {
-        y[slot * n_out as usize + n] = F::cast_from(total * globals[e]);
+        y[slot * n_out as usize + n] = F::cast_from(epilogue(total * globals[e], relu2));
     }
 }
 
@@ -295,6 +297,37 @@ pub fn moe_route_kernel(
     }
 }
 
+/// The linear kernels' epilogue: `relu(v)²` when `relu2`, `v` otherwise.
+#[cube]
+fn epilogue(v: f32, #[comptime] relu2: bool) -> f32 {
+    if relu2 {
+        let r = f32::max(v, 0.0f32);
+        r * r
+    } else {
+        v
+    }
+}
+
+/// `softplus(dt + bias[h]) ` then `max(·, min)` (`min` = −∞ stand-in when unclamped), elementwise
+/// over `[N, H]`: `max(x, 0) + log1p(exp(−|x|))`.
+#[cube(launch)]
+pub fn dt_softplus_kernel<F: Float>(
+    dt: &Array<F>,
+    bias: &Array<F>,
+    y: &mut Array<F>,
+    len: u32,
+    heads: u32,
+    min: f32,
+) {
+    let i = ABSOLUTE_POS as usize;
+    if i >= len as usize {
+        terminate!();
+    }
+    let x = f32::cast_from(dt[i]) + f32::cast_from(bias[i % heads as usize]);
+    let sp = f32::max(x, 0.0f32) + f32::log1p(f32::exp(-f32::abs(x)));
+    y[i] = F::cast_from(f32::max(sp, min));
+}
+
 /// E4M3 round-to-nearest-even of `v` (already clamped to ±448), returned as its f32 value.
 #[cube]
 fn e4m3_round(v: f32) -> f32 {
@@ -363,6 +396,7 @@ pub fn fp8_linear_kernel<F: Float>(
     input_scale: f32,
     weight_scale: f32,
     #[comptime] units: u32,
+    #[comptime] relu2: bool,
 ) {
     let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let m = CUBE_POS_Y as usize;
@@ -372,7 +406,8 @@ pub fn fp8_linear_kernel<F: Float>(
     }
     let total = row_sum(acc, units);
     if UNIT_POS_X == 0 && n < n_out as usize {
-        y[m * n_out as usize + n] = F::cast_from(total * (input_scale * weight_scale));
+        y[m * n_out as usize + n] =
+            F::cast_from(epilogue(total * (input_scale * weight_scale), relu2));
     }
 }
 
@@ -392,6 +427,7 @@ pub fn fp8_expert_linear_kernel<F: Float>(
     slots: u32,
     div: u32,
     #[comptime] units: u32,
+    #[comptime] relu2: bool,
 ) {
     let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     if slot >= slots as usize {
@@ -415,7 +451,8 @@ pub fn fp8_expert_linear_kernel<F: Float>(
     }
     let total = row_sum(acc, units);
     if UNIT_POS_X == 0 && n < n_out as usize {
-        y[slot * n_out as usize + n] = F::cast_from(total * (input_scale * weight_scales[e]));
+        y[slot * n_out as usize + n] =
+            F::cast_from(epilogue(total * (input_scale * weight_scales[e]), relu2));
     }
 }
 

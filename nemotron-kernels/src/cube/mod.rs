@@ -275,6 +275,218 @@ fn elemwise_count(n: usize) -> (CubeCount, CubeDim) {
     )
 }
 
+fn nvfp4_linear_impl<R, F, I, BT>(
+    x: Tensor<CubeBackend<R, F, I, BT>, 2>,
+    w: &CubeNvfp4<R>,
+    relu2: bool,
+) -> Tensor<CubeBackend<R, F, I, BT>, 2>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let dtype = x.dtype();
+    let [m, k] = x.dims();
+    assert_eq!(
+        k, w.in_features,
+        "nvfp4_linear: x has {k} columns, the weight {} inputs",
+        w.in_features
+    );
+    let (x, xdtype) = float_cube(x);
+    let n = w.out_features;
+    let y = empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([m, n]),
+        xdtype,
+    );
+    macro_rules! go {
+        ($t:ty) => {
+            kernels::nvfp4_linear_kernel::launch::<$t, R>(
+                &w.client,
+                linear_grid(n, m),
+                linear_dim(),
+                array(&x),
+                handle_array(&w.packed, n * k / 8),
+                handle_array(&w.scales, n * w.scale_words),
+                handle_array(&w.luts.e4m3, 256),
+                array(&y),
+                k as u32,
+                n as u32,
+                w.scale_words as u32,
+                w.global_scale,
+                LINEAR_UNITS,
+                relu2,
+            )
+        };
+    }
+    with_float!(xdtype, go);
+    from_cube::<CubeBackend<R, F, I, BT>, 2>(y, dtype)
+}
+
+fn fp8_linear_impl<R, F, I, BT>(
+    x: Tensor<CubeBackend<R, F, I, BT>, 2>,
+    w: &CubeFp8<R>,
+    relu2: bool,
+) -> Tensor<CubeBackend<R, F, I, BT>, 2>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let dtype = x.dtype();
+    let [m, k] = x.dims();
+    assert_eq!(
+        k, w.in_features,
+        "fp8_linear: x has {k} columns, the weight {} inputs",
+        w.in_features
+    );
+    let (x, xdtype) = float_cube(x);
+    let n = w.out_features;
+    let y = empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([m, n]),
+        xdtype,
+    );
+    macro_rules! go {
+        ($t:ty) => {
+            kernels::fp8_linear_kernel::launch::<$t, R>(
+                &w.client,
+                linear_grid(n, m),
+                linear_dim(),
+                array(&x),
+                handle_array(&w.weight, n * k / 4),
+                handle_array(&w.luts.e4m3, 256),
+                array(&y),
+                k as u32,
+                n as u32,
+                w.input_scale,
+                w.weight_scale,
+                LINEAR_UNITS,
+                relu2,
+            )
+        };
+    }
+    with_float!(xdtype, go);
+    from_cube::<CubeBackend<R, F, I, BT>, 2>(y, dtype)
+}
+
+fn nvfp4_expert_linear_impl<R, F, I, BT>(
+    x: Tensor<CubeBackend<R, F, I, BT>, 2>,
+    experts: Tensor<CubeBackend<R, F, I, BT>, 1, burn::tensor::Int>,
+    div: usize,
+    w: &CubeNvfp4Experts<R>,
+    relu2: bool,
+) -> Tensor<CubeBackend<R, F, I, BT>, 2>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let dtype = x.dtype();
+    let [_, k] = x.dims();
+    assert_eq!(
+        k, w.in_features,
+        "nvfp4_expert_linear: x has {k} columns, the experts {} inputs",
+        w.in_features
+    );
+    let [slots] = experts.dims();
+    let (x, xdtype) = float_cube(x);
+    let idx = index_cube(experts);
+    let n = w.out_features;
+    let y = empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([slots, n]),
+        xdtype,
+    );
+    macro_rules! go {
+        ($t:ty) => {
+            kernels::nvfp4_expert_linear_kernel::launch::<$t, R>(
+                &w.client,
+                slot_grid(n, slots),
+                linear_dim(),
+                array(&x),
+                array(&idx),
+                handle_array(&w.packed, w.experts * n * k / 8),
+                handle_array(&w.scales, w.experts * n * w.scale_words),
+                handle_array(&w.globals, w.experts),
+                handle_array(&w.luts.e4m3, 256),
+                array(&y),
+                k as u32,
+                n as u32,
+                w.scale_words as u32,
+                slots as u32,
+                div as u32,
+                LINEAR_UNITS,
+                relu2,
+            )
+        };
+    }
+    with_float!(xdtype, go);
+    from_cube::<CubeBackend<R, F, I, BT>, 2>(y, dtype)
+}
+
+fn fp8_expert_linear_impl<R, F, I, BT>(
+    x: Tensor<CubeBackend<R, F, I, BT>, 2>,
+    experts: Tensor<CubeBackend<R, F, I, BT>, 1, burn::tensor::Int>,
+    div: usize,
+    w: &CubeFp8Experts<R>,
+    relu2: bool,
+) -> Tensor<CubeBackend<R, F, I, BT>, 2>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let dtype = x.dtype();
+    let [_, k] = x.dims();
+    assert_eq!(
+        k, w.in_features,
+        "fp8_expert_linear: x has {k} columns, the experts {} inputs",
+        w.in_features
+    );
+    let [slots] = experts.dims();
+    let (x, xdtype) = float_cube(x);
+    let idx = index_cube(experts);
+    let n = w.out_features;
+    let y = empty_device_contiguous_dtype(
+        x.client.clone(),
+        x.device.clone(),
+        Shape::new([slots, n]),
+        xdtype,
+    );
+    macro_rules! go {
+        ($t:ty) => {
+            kernels::fp8_expert_linear_kernel::launch::<$t, R>(
+                &w.client,
+                slot_grid(n, slots),
+                linear_dim(),
+                array(&x),
+                array(&idx),
+                handle_array(&w.weight, w.experts * n * k / 4),
+                handle_array(&w.input_scales, w.experts),
+                handle_array(&w.weight_scales, w.experts),
+                handle_array(&w.luts.e4m3, 256),
+                array(&y),
+                k as u32,
+                n as u32,
+                slots as u32,
+                div as u32,
+                LINEAR_UNITS,
+                relu2,
+            )
+        };
+    }
+    with_float!(xdtype, go);
+    from_cube::<CubeBackend<R, F, I, BT>, 2>(y, dtype)
+}
+
 impl<R, F, I, BT> NemotronBackend for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -318,46 +530,16 @@ where
         div: usize,
         w: &Self::Fp8Experts,
     ) -> Tensor<Self, 2> {
-        let dtype = x.dtype();
-        let [_, k] = x.dims();
-        assert_eq!(
-            k, w.in_features,
-            "fp8_expert_linear: x has {k} columns, the experts {} inputs",
-            w.in_features
-        );
-        let [slots] = experts.dims();
-        let (x, xdtype) = float_cube(x);
-        let idx = index_cube(experts);
-        let n = w.out_features;
-        let y = empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::new([slots, n]),
-            xdtype,
-        );
-        macro_rules! go {
-            ($t:ty) => {
-                kernels::fp8_expert_linear_kernel::launch::<$t, R>(
-                    &w.client,
-                    slot_grid(n, slots),
-                    linear_dim(),
-                    array(&x),
-                    array(&idx),
-                    handle_array(&w.weight, w.experts * n * k / 4),
-                    handle_array(&w.input_scales, w.experts),
-                    handle_array(&w.weight_scales, w.experts),
-                    handle_array(&w.luts.e4m3, 256),
-                    array(&y),
-                    k as u32,
-                    n as u32,
-                    slots as u32,
-                    div as u32,
-                    LINEAR_UNITS,
-                )
-            };
-        }
-        with_float!(xdtype, go);
-        from_cube::<Self, 2>(y, dtype)
+        fp8_expert_linear_impl(x, experts, div, w, false)
+    }
+
+    fn fp8_expert_linear_relu2(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Fp8Experts,
+    ) -> Tensor<Self, 2> {
+        fp8_expert_linear_impl(x, experts, div, w, true)
     }
 
     fn nvfp4_experts(
@@ -399,47 +581,16 @@ where
         div: usize,
         w: &Self::Nvfp4Experts,
     ) -> Tensor<Self, 2> {
-        let dtype = x.dtype();
-        let [_, k] = x.dims();
-        assert_eq!(
-            k, w.in_features,
-            "nvfp4_expert_linear: x has {k} columns, the experts {} inputs",
-            w.in_features
-        );
-        let [slots] = experts.dims();
-        let (x, xdtype) = float_cube(x);
-        let idx = index_cube(experts);
-        let n = w.out_features;
-        let y = empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::new([slots, n]),
-            xdtype,
-        );
-        macro_rules! go {
-            ($t:ty) => {
-                kernels::nvfp4_expert_linear_kernel::launch::<$t, R>(
-                    &w.client,
-                    slot_grid(n, slots),
-                    linear_dim(),
-                    array(&x),
-                    array(&idx),
-                    handle_array(&w.packed, w.experts * n * k / 8),
-                    handle_array(&w.scales, w.experts * n * w.scale_words),
-                    handle_array(&w.globals, w.experts),
-                    handle_array(&w.luts.e4m3, 256),
-                    array(&y),
-                    k as u32,
-                    n as u32,
-                    w.scale_words as u32,
-                    slots as u32,
-                    div as u32,
-                    LINEAR_UNITS,
-                )
-            };
-        }
-        with_float!(xdtype, go);
-        from_cube::<Self, 2>(y, dtype)
+        nvfp4_expert_linear_impl(x, experts, div, w, false)
+    }
+
+    fn nvfp4_expert_linear_relu2(
+        x: Tensor<Self, 2>,
+        experts: Tensor<Self, 1, burn::tensor::Int>,
+        div: usize,
+        w: &Self::Nvfp4Experts,
+    ) -> Tensor<Self, 2> {
+        nvfp4_expert_linear_impl(x, experts, div, w, true)
     }
 
     fn nvfp4_weight(w: Nvfp4Matrix, device: &burn::tensor::Device<Self>) -> Self::Nvfp4Weight {
@@ -548,80 +699,19 @@ where
     }
 
     fn nvfp4_linear(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
-        let dtype = x.dtype();
-        let [m, k] = x.dims();
-        assert_eq!(
-            k, w.in_features,
-            "nvfp4_linear: x has {k} columns, the weight {} inputs",
-            w.in_features
-        );
-        let (x, xdtype) = float_cube(x);
-        let n = w.out_features;
-        let y = empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::new([m, n]),
-            xdtype,
-        );
-        macro_rules! go {
-            ($t:ty) => {
-                kernels::nvfp4_linear_kernel::launch::<$t, R>(
-                    &w.client,
-                    linear_grid(n, m),
-                    linear_dim(),
-                    array(&x),
-                    handle_array(&w.packed, n * k / 8),
-                    handle_array(&w.scales, n * w.scale_words),
-                    handle_array(&w.luts.e4m3, 256),
-                    array(&y),
-                    k as u32,
-                    n as u32,
-                    w.scale_words as u32,
-                    w.global_scale,
-                    LINEAR_UNITS,
-                )
-            };
-        }
-        with_float!(xdtype, go);
-        from_cube::<Self, 2>(y, dtype)
+        nvfp4_linear_impl(x, w, false)
+    }
+
+    fn nvfp4_linear_relu2(x: Tensor<Self, 2>, w: &Self::Nvfp4Weight) -> Tensor<Self, 2> {
+        nvfp4_linear_impl(x, w, true)
     }
 
     fn fp8_linear(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2> {
-        let dtype = x.dtype();
-        let [m, k] = x.dims();
-        assert_eq!(
-            k, w.in_features,
-            "fp8_linear: x has {k} columns, the weight {} inputs",
-            w.in_features
-        );
-        let (x, xdtype) = float_cube(x);
-        let n = w.out_features;
-        let y = empty_device_contiguous_dtype(
-            x.client.clone(),
-            x.device.clone(),
-            Shape::new([m, n]),
-            xdtype,
-        );
-        macro_rules! go {
-            ($t:ty) => {
-                kernels::fp8_linear_kernel::launch::<$t, R>(
-                    &w.client,
-                    linear_grid(n, m),
-                    linear_dim(),
-                    array(&x),
-                    handle_array(&w.weight, n * k / 4),
-                    handle_array(&w.luts.e4m3, 256),
-                    array(&y),
-                    k as u32,
-                    n as u32,
-                    w.input_scale,
-                    w.weight_scale,
-                    LINEAR_UNITS,
-                )
-            };
-        }
-        with_float!(xdtype, go);
-        from_cube::<Self, 2>(y, dtype)
+        fp8_linear_impl(x, w, false)
+    }
+
+    fn fp8_linear_relu2(x: Tensor<Self, 2>, w: &Self::Fp8Weight) -> Tensor<Self, 2> {
+        fp8_linear_impl(x, w, true)
     }
 
     fn rms_norm(
@@ -729,6 +819,46 @@ where
             Tensor::from_primitive(idx),
             Tensor::from_primitive(TensorPrimitive::Float(w)),
         )
+    }
+
+    fn dt_softplus(
+        dt: Tensor<Self, 3>,
+        bias: Tensor<Self, 1>,
+        min: Option<f32>,
+    ) -> Tensor<Self, 3> {
+        let dtype = dt.dtype();
+        let [b, t, h] = dt.dims();
+        let (x, xdtype) = float_cube(dt);
+        let bias = bias.cast(xdtype);
+        let bias = into_contiguous(bias.into_primitive().tensor());
+        let client = x.client.clone();
+        let y = empty_device_contiguous_dtype(
+            client.clone(),
+            x.device.clone(),
+            Shape::new([b, t, h]),
+            xdtype,
+        );
+        let len = b * t * h;
+        let (count, dim) = elemwise_count(len);
+        // No clamp: a floor below any softplus value (softplus > 0).
+        let floor = min.unwrap_or(-1.0);
+        macro_rules! go {
+            ($t:ty) => {
+                kernels::dt_softplus_kernel::launch::<$t, R>(
+                    &client,
+                    count,
+                    dim,
+                    array(&x),
+                    array(&bias),
+                    array(&y),
+                    len as u32,
+                    h as u32,
+                    floor,
+                )
+            };
+        }
+        with_float!(xdtype, go);
+        from_cube::<Self, 3>(y, dtype)
     }
 
     fn causal_conv1d(
