@@ -49,7 +49,32 @@ pub enum Band {
     HfBf16Worst(f32),
 }
 
+/// Logit rows beyond the band a bf16 comparison forgives on top of those HF's own bf16 run has
+/// there. MoE routing is discontinuous: a token whose k-th and (k+1)-th expert scores differ by
+/// less than bf16's rounding picks another expert in any bf16 implementation, and the change
+/// reaches the later tokens through the Mamba state and the KV cache. HF's bf16 run shows it (on
+/// all_letters 7 of 40 prefill rows lie beyond twice its decode drift, on the W8A16 goldens 9);
+/// ours may have as many, plus this many at other tokens. Counted and printed; f32 bands forgive
+/// none.
+const BF16_FLIP_ROWS: usize = 2;
+
 impl Band {
+    /// Rows forgiven beyond `lim`: (prefill, decode).
+    fn flip_rows(self, name: &str, suffix: &str, lim: f32) -> (usize, usize) {
+        match self {
+            Band::Rel(_) | Band::Abs(_) => (0, 0),
+            Band::HfBf16(_) | Band::HfBf16Worst(_) => {
+                let f = reference(name, suffix);
+                let v = f.prefill.len() / f.prompt.len();
+                let bp = reference_extra(name, &format!("prefill_logits{suffix}_hf_bf16"));
+                let bd = reference_extra(name, &format!("decode_logits{suffix}_hf_bf16"));
+                let hp = outside(&row_diffs(&bp, &f.prefill, v), lim).0;
+                let hd = outside(&row_diffs(&bd, &f.decode, v), lim).0;
+                (hp + BF16_FLIP_ROWS, hd + BF16_FLIP_ROWS)
+            }
+        }
+    }
+
     fn limit(self, name: &str, suffix: &str, scale: f32) -> f32 {
         match self {
             Band::Rel(r) => r * scale,
@@ -82,35 +107,61 @@ fn check_dtype<Bk: NemotronBackend>(m: &NemotronH<Bk>) {
     );
 }
 
+/// Per-row errors of a fixture on backend `Bk`: (prefill rows, decode rows, logit scale).
 fn hf<Bk: NemotronBackend>(
     dev: &Bk::Device,
     name: &str,
     suffix: &str,
     d: Deviations,
-) -> (f32, f32, f32) {
+) -> (Vec<f32>, Vec<f32>, f32) {
     let m = NemotronH::<Bk>::load_with_deviations(fixture(name), dev, d).unwrap();
     check_dtype(&m);
-    let (dp, dd, scale) = compare(&m, &reference(name, suffix));
+    let (p, dd, scale) = compare_rows(&m, &reference(name, suffix));
     eprintln!(
-        "{} {name}{suffix} {d:?}: prefill max |Δ| {dp:.3e}, decode {dd:.3e}, scale {scale:.3}",
-        std::any::type_name::<Bk>()
+        "{} {name}{suffix} {d:?}: prefill max |Δ| {:.3e}, decode {:.3e}, scale {scale:.3}",
+        std::any::type_name::<Bk>(),
+        max(&p),
+        max(&dd)
     );
-    (dp, dd, scale)
+    (p, dd, scale)
+}
+
+fn max(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(*x))
+}
+
+/// Rows beyond `lim`, and the largest row error among the others.
+fn outside(rows: &[f32], lim: f32) -> (usize, f32) {
+    let n = rows.iter().filter(|&&d| d > lim).count();
+    let inside = rows
+        .iter()
+        .filter(|&&d| d <= lim)
+        .fold(0f32, |m, x| m.max(*x));
+    (n, inside)
 }
 
 /// Every HF fixture within its band on backend `Bk`; W8A8 against `w8a8`.
 pub fn hf_fixtures_match<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, w8a8: Band) {
     let check = |name: &str, suffix: &str, d: Deviations, band: Band| {
-        let (dp, dd, s) = hf::<Bk>(dev, name, suffix, d);
+        let (p, dd, s) = hf::<Bk>(dev, name, suffix, d);
         let lim = band.limit(name, suffix, s);
         let drift = hf_bf16_drift(name, suffix);
+        let ((np, ip), (nd, id)) = (outside(&p, lim), outside(&dd, lim));
+        let (ap, ad) = band.flip_rows(name, suffix, lim);
         eprintln!(
-            "  band {lim:.3e}; HF's own bf16 drift: prefill {:.3e}, decode {:.3e}",
-            drift.0, drift.1
+            "  band {lim:.3e}; rows outside: prefill {np}/{} (forgiven {ap}), decode {nd}/{} \
+             (forgiven {ad}); largest inside: {ip:.3e}, {id:.3e}; HF's own bf16 drift: prefill \
+             {:.3e}, decode {:.3e}",
+            p.len(),
+            dd.len(),
+            drift.0,
+            drift.1
         );
         assert!(
-            dp <= lim && dd <= lim,
-            "{name}{suffix}: prefill {dp}, decode {dd} > {lim}"
+            np <= ap && nd <= ad,
+            "{name}{suffix}: {np} prefill / {nd} decode rows beyond {lim} (max {}, {}), {ap}/{ad} forgiven",
+            max(&p),
+            max(&dd)
         );
     };
     for name in ["all_letters", "grouped_routing", "nano_nvfp4"] {
@@ -124,13 +175,22 @@ pub fn hf_fixtures_match<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, w8a8
     check("lightning_mixed", "_w8a16", wo, band);
 }
 
-/// The band rejects a plausible wrong model on this backend, on prefill and on decode.
+/// The band rejects a plausible wrong model on this backend: more rows beyond it than the band
+/// forgives, on prefill and on decode.
 pub fn band_is_armed<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, wrong: Deviations) {
-    let (dp, dd, s) = hf::<Bk>(dev, "all_letters", "", wrong);
+    let (p, dd, s) = hf::<Bk>(dev, "all_letters", "", wrong);
     let lim = band.limit("all_letters", "", s);
+    let (np, nd) = (outside(&p, lim).0, outside(&dd, lim).0);
+    let (ap, ad) = band.flip_rows("all_letters", "", lim);
+    eprintln!(
+        "  {wrong:?}: rows beyond {lim:.3e}: prefill {np}/{} (forgiven {ap}), decode {nd}/{} \
+         (forgiven {ad})",
+        p.len(),
+        dd.len()
+    );
     assert!(
-        dp > lim && dd > lim,
-        "{wrong:?} stays inside the band ({dp}, {dd} vs {lim})"
+        np > ap && nd > ad,
+        "{wrong:?} stays inside the band ({np}, {nd} rows beyond {lim})"
     );
 }
 
@@ -152,7 +212,12 @@ pub fn rope() -> Deviations {
 
 /// Same synthetic checkpoint (all block types; the Lightning recipe has W4A16 NVFP4 + FP8 W8A8 +
 /// BF16) on the host and on the device: prefill over 37 tokens and 12 decode steps.
-pub fn device_matches_host<Bk: NemotronBackend>(dev: &Bk::Device, recipe: SynthRecipe, rel: f32) {
+pub fn device_matches_host<Bk: NemotronBackend>(
+    dev: &Bk::Device,
+    recipe: SynthRecipe,
+    rel: f32,
+    flip_rows: usize,
+) {
     let dir = synth(recipe, &Geometry::tiny(), 31);
     let host = NemotronH::<B>::load(dir.path(), &Default::default()).unwrap();
     let m = NemotronH::<Bk>::load(dir.path(), dev).unwrap();
@@ -165,17 +230,22 @@ pub fn device_matches_host<Bk: NemotronBackend>(dev: &Bk::Device, recipe: SynthR
         h.extend(rows(host.forward_one(&[t], &mut sh).unwrap()));
         d.extend(rows_any(m.forward_one(&[t], &mut sd).unwrap()));
     }
-    let (diff, scale) = diff(&d, &h);
+    let (worst, scale) = diff(&d, &h);
+    let v = host.config.vocab_size;
+    let (n_out, inside) = outside(&row_diffs(&d, &h, v), rel * scale);
     eprintln!(
-        "{} vs NdArray: max |Δ| {diff:.3e} at scale {scale:.3}",
-        std::any::type_name::<Bk>()
+        "{} vs NdArray: max |Δ| {worst:.3e} at scale {scale:.3}; rows beyond {:.3e}: {n_out}/{} \
+         (allowed {flip_rows}), largest inside {inside:.3e}",
+        std::any::type_name::<Bk>(),
+        rel * scale,
+        d.len() / v
     );
-    if diff > rel * scale {
+    if n_out > flip_rows {
         layer_trace(&host, &m, &toks[..37]);
     }
     assert!(
-        diff <= rel * scale,
-        "device vs host: {diff} > {rel} × {scale}"
+        n_out <= flip_rows,
+        "device vs host: {n_out} rows beyond {rel} × {scale} (max {worst})"
     );
 }
 
@@ -216,7 +286,12 @@ mod wgpu {
     }
     #[test]
     fn wgpu_f32_matches_host() {
-        super::device_matches_host::<W>(&Default::default(), SynthRecipe::LightningMixed, F32_BAND);
+        super::device_matches_host::<W>(
+            &Default::default(),
+            SynthRecipe::LightningMixed,
+            F32_BAND,
+            0,
+        );
     }
 }
 
@@ -250,6 +325,7 @@ mod cuda {
             &Default::default(),
             SynthRecipe::LightningMixed,
             F32_BAND,
+            0,
         );
     }
     /// W8A8 under bf16 is chaotic against f32 goldens (HF's own bf16 run lands 3.0 away at logit
@@ -276,7 +352,8 @@ mod cuda {
     }
     /// The host comparison uses the NVFP4 recipe (W8A8 under bf16 is chaotic, see above); the
     /// band is the widest HF-drift band of the fixtures relative to their scale (2 × 0.064 / 3.72
-    /// on all_letters).
+    /// on all_letters), with `BF16_FLIP_ROWS` rows forgiven for routing flips (no HF bf16 run
+    /// exists for a synthetic checkpoint to count its own).
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
     fn cuda_bf16_matches_host() {
@@ -284,6 +361,7 @@ mod cuda {
             &Default::default(),
             SynthRecipe::NanoNvfp4,
             3.5e-2,
+            super::BF16_FLIP_ROWS,
         );
     }
 }

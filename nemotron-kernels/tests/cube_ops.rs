@@ -3,13 +3,14 @@
 //! scan (ragged batches, carried state).
 //!
 //! wgpu (f32): runs in CI on Mesa lavapipe; without a Vulkan adapter the tests fail and say so
-//! (install `mesa-vulkan-drivers`). CUDA (f32): `#[ignore]`d — counted as ignored wherever there is
-//! no GPU — and run on the device machine with `--ignored`.
+//! (install `mesa-vulkan-drivers`). CUDA (f32 in `cuda::`, bf16 in `cuda::bf16::`): `#[ignore]`d —
+//! counted as ignored wherever there is no GPU — and run on the device machine with `--ignored`,
+//! the two dtypes in separate processes (Burn fixes a device's default float dtype per process).
 //!
 //! Bands (f32): the kernels sum in another order than the reference (strided partial sums, tree
 //! reduction), so results differ by f32 rounding: relative 1e-5 of the output scale for the
-//! linears and the conv, 1e-4 for the scan (its state compounds over time). W8A8 is compared
-//! per element, allowing an activation-rounding flip to move an output by at most one E4M3 step.
+//! linears and the conv, 1e-4 for the scan (its state compounds over time); the FP8 activation
+//! codes are the same on both sides, so W8A8 gets the same band. bf16: see [`BF16`].
 #![cfg(feature = "cube")]
 
 use burn::backend::NdArray;

@@ -183,6 +183,37 @@ pub fn reference_extra(name: &str, tensor: &str) -> Vec<f32> {
         .collect()
 }
 
+/// max |a - b| of each row of `width` values.
+pub fn row_diffs(a: &[f32], b: &[f32], width: usize) -> Vec<f32> {
+    assert_eq!(a.len(), b.len());
+    a.chunks(width)
+        .zip(b.chunks(width))
+        .map(|(x, y)| diff(x, y).0)
+        .collect()
+}
+
+/// Per-row max |Δ| of a model against a reference (prefill rows, teacher-forced decode rows) and
+/// the logit scale.
+pub fn compare_rows<Bk: NemotronBackend>(
+    m: &NemotronH<Bk>,
+    r: &Reference,
+) -> (Vec<f32>, Vec<f32>, f32) {
+    let v = r.prefill.len() / r.prompt.len();
+    let mut s = m.new_state();
+    let prefill = rows_any(m.forward_one(&r.prompt, &mut s).unwrap());
+    let scale = diff(&prefill, &r.prefill).1;
+    let mut s = m.new_state();
+    let mut dec = nemotron::model::generate::last_row(m.forward_one(&r.prompt, &mut s).unwrap());
+    for &id in &r.decode_ids[..r.decode_ids.len() - 1] {
+        dec.extend(rows_any(m.forward_one(&[id], &mut s).unwrap()));
+    }
+    (
+        row_diffs(&prefill, &r.prefill, v),
+        row_diffs(&dec, &r.decode, v),
+        scale,
+    )
+}
+
 /// (prefill max |Δ|, decode max |Δ|, logit scale) of a model against a reference.
 pub fn compare<Bk: NemotronBackend>(m: &NemotronH<Bk>, r: &Reference) -> (f32, f32, f32) {
     let mut s = m.new_state();
