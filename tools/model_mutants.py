@@ -1,6 +1,6 @@
 # Mutation check for the model tests: applies each deliberate bug, runs the test binary that must
 # catch it, prints RED/green, and restores the file. Run from the repository root:
-#   python3 tools/model_mutants.py
+#   python3 tools/model_mutants.py [name substring ...]
 import subprocess
 muts = [
  ("conv state keeps the oldest inputs", "nemotron-kernels/src/reference.rs",
@@ -9,8 +9,17 @@ muts = [
   "for t in 0..lens[b] {", "for t in 0..lens[0].min(t_max) {", "consistency"),
  ("SSM decay without dt", "nemotron-kernels/src/reference.rs",
   "let decay = (dtv * a[hh]).exp();", "let decay = a[hh].exp();", "hf_parity"),
- ("routing weights not renormalized", "nemotron-model/src/moe.rs",
+ ("routing weights not renormalized", "nemotron-kernels/src/lib.rs",
   "if c.norm_topk_prob {", "if false && c.norm_topk_prob {", "hf_parity"),
+ # The CubeCL kernels, caught on wgpu (Mesa lavapipe) by the per-op tests.
+ ("routing kernel never renormalizes", "nemotron-kernels/src/cube/kernels.rs",
+  "        if renorm {\n            v = v / (sum + 1e-20f32);", "        if false && renorm {\n            v = v / (sum + 1e-20f32);", "cube_ops"),
+ ("routed-expert kernel reads expert 0's weights", "nemotron-kernels/src/cube/kernels.rs",
+  "        let row = e * n_out as usize + n;\n        acc = nvfp4_partial", "        let row = n;\n        acc = nvfp4_partial", "cube_ops"),
+ ("relu² epilogue skipped", "nemotron-kernels/src/cube/kernels.rs",
+  "    if relu2 {\n        let r", "    if false {\n        let r", "cube_ops"),
+ ("E2M1 decode drops the sign", "nemotron-kernels/src/cube/kernels.rs",
+  "f32::reinterpret(bits | ((code & 8u32) << 28u32))", "f32::reinterpret(bits)", "cube_ops"),
   ("top-k keeps one too many", "nemotron-model/src/generate.rs",
   "idx.truncate(s.top_k);", "idx.truncate(s.top_k + 1);", "generation"),
  ("top-p drops the token that crosses p", "nemotron-model/src/generate.rs",
@@ -22,11 +31,18 @@ muts = [
  ("batch ignores per-sequence seeds", "nemotron-model/src/generate.rs",
   "o.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);", "o.sampling.seed = opts.sampling.seed;", "generation"),
 ]
+import sys
+only = sys.argv[1:]  # substrings of mutant names to run (all when empty)
 for name, path, old, new, test in muts:
+    if only and not any(o in name for o in only):
+        continue
     s = open(path).read()
     assert old in s, name
     open(path, "w").write(s.replace(old, new, 1))
-    r = subprocess.run(["cargo", "test", "--release", "--test", test], capture_output=True, text=True)
+    cmd = ["cargo", "test", "--release", "--test", test]
+    if test == "cube_ops":  # the kernels' per-op tests on the wgpu arm (needs a Vulkan adapter)
+        cmd = ["cargo", "test", "--release", "-p", "nemotron-kernels", "--features", "wgpu", "--test", test]
+    r = subprocess.run(cmd, capture_output=True, text=True)
     failed = [l.split()[1] for l in r.stdout.splitlines() if l.startswith("test ") and l.endswith("FAILED")]
     print(f"{name}: {'RED' if r.returncode else 'green?!'} ({len(failed)} failed: {', '.join(failed)})", flush=True)
     open(path, "w").write(s)
