@@ -80,15 +80,17 @@ pub fn nvfp4_linear(x: &[f32], rows: usize, w: &Nvfp4Matrix) -> Vec<f32> {
     })
 }
 
-/// Routed-expert NVFP4 linear: row `s` of the output is `W[experts[s]] · x[s / div]`. The slots
-/// of one expert are gathered and multiplied together (the weight is dequantized once per call).
-pub fn nvfp4_expert_linear(
+/// Routed-expert linear: row `s` of the output is `W[experts[s]] · x[s / div]`, with
+/// `linear(x_rows, rows, W)` the single-matrix product. The slots of one expert are gathered and
+/// multiplied together (each weight is decoded once per call).
+fn expert_linear<M>(
     x: &[f32],
     experts: &[usize],
     div: usize,
-    w: &[Nvfp4Matrix],
+    w: &[M],
+    (k, out): (usize, usize),
+    linear: impl Fn(&[f32], usize, &M) -> Vec<f32>,
 ) -> Vec<f32> {
-    let (k, out) = (w[0].in_features, w[0].out_features);
     let mut y = vec![0f32; experts.len() * out];
     for (e, m) in w.iter().enumerate() {
         let slots: Vec<usize> = (0..experts.len()).filter(|&s| experts[s] == e).collect();
@@ -99,7 +101,7 @@ pub fn nvfp4_expert_linear(
             .iter()
             .flat_map(|&s| x[(s / div) * k..(s / div + 1) * k].iter().copied())
             .collect();
-        let ys = nvfp4_linear(&xs, slots.len(), m);
+        let ys = linear(&xs, slots.len(), m);
         for (i, &s) in slots.iter().enumerate() {
             y[s * out..(s + 1) * out].copy_from_slice(&ys[i * out..(i + 1) * out]);
         }
@@ -107,25 +109,21 @@ pub fn nvfp4_expert_linear(
     y
 }
 
-/// Routed-expert FP8 W8A8 linear, grouped like [`nvfp4_expert_linear`].
+/// Routed-expert NVFP4 linear (see [`expert_linear`]).
+pub fn nvfp4_expert_linear(
+    x: &[f32],
+    experts: &[usize],
+    div: usize,
+    w: &[Nvfp4Matrix],
+) -> Vec<f32> {
+    let shape = (w[0].in_features, w[0].out_features);
+    expert_linear(x, experts, div, w, shape, nvfp4_linear)
+}
+
+/// Routed-expert FP8 W8A8 linear (see [`expert_linear`]).
 pub fn fp8_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Fp8Matrix]) -> Vec<f32> {
-    let (k, out) = (w[0].in_features, w[0].out_features);
-    let mut y = vec![0f32; experts.len() * out];
-    for (e, m) in w.iter().enumerate() {
-        let slots: Vec<usize> = (0..experts.len()).filter(|&s| experts[s] == e).collect();
-        if slots.is_empty() {
-            continue;
-        }
-        let xs: Vec<f32> = slots
-            .iter()
-            .flat_map(|&s| x[(s / div) * k..(s / div + 1) * k].iter().copied())
-            .collect();
-        let ys = fp8_linear(&xs, slots.len(), m);
-        for (i, &s) in slots.iter().enumerate() {
-            y[s * out..(s + 1) * out].copy_from_slice(&ys[i * out..(i + 1) * out]);
-        }
-    }
-    y
+    let shape = (w[0].in_features, w[0].out_features);
+    expert_linear(x, experts, div, w, shape, fp8_linear)
 }
 
 /// Static per-tensor FP8 W8A8 linear (vLLM's ModelOpt FP8 path): the activation is quantized
