@@ -109,7 +109,7 @@ fn expert_linear<M>(
     y
 }
 
-/// Routed-expert NVFP4 linear (see [`expert_linear`]).
+/// Routed-expert NVFP4 linear (slots grouped by expert, as in `expert_linear`).
 pub fn nvfp4_expert_linear(
     x: &[f32],
     experts: &[usize],
@@ -120,7 +120,7 @@ pub fn nvfp4_expert_linear(
     expert_linear(x, experts, div, w, shape, nvfp4_linear)
 }
 
-/// Routed-expert FP8 W8A8 linear (see [`expert_linear`]).
+/// Routed-expert FP8 W8A8 linear (slots grouped by expert, as in `expert_linear`).
 pub fn fp8_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Fp8Matrix]) -> Vec<f32> {
     let shape = (w[0].in_features, w[0].out_features);
     expert_linear(x, experts, div, w, shape, fp8_linear)

@@ -108,7 +108,7 @@ pub fn nvfp4_linear_kernel<F: Float>(
 }
 
 /// Routed-expert NVFP4 linear: `y[s, n] = gs[e] · Σ_b s_e[n, b] · Σ_j E2M1[code_e(n, 16b + j)] ·
-/// x[s / div, 16b + j]` with `e = experts[s]`. Cubes as in [`nvfp4_linear_kernel`], with slots in
+/// x[s / div, 16b + j]` with `e = experts[s]`. Cubes as in [`nvfp4_linear_kernel()`], with slots in
 /// place of input rows (`slot = CUBE_POS_Y + CUBE_POS_Z · CUBE_COUNT_Y`). The experts are
 /// stacked: `packed` `[E · N, K/8]`, `scales` `[E · N, sw]`, `globals` `[E]`.
 #[cube(launch)]
@@ -384,7 +384,7 @@ fn fp8_partial<F: Float>(
 }
 
 /// Static W8A8 FP8 linear: `y[m, n] = (is · ws) · Σ_k e4m3(clamp(x[m,k] / is, ±448)) · W8[n, k]`.
-/// `weight`: `[N, K/4]` words of four E4M3 bytes. Cubes as in [`nvfp4_linear_kernel`].
+/// `weight`: `[N, K/4]` words of four E4M3 bytes. Cubes as in [`nvfp4_linear_kernel()`].
 #[cube(launch)]
 pub fn fp8_linear_kernel<F: Float>(
     x: &Array<F>,
@@ -411,7 +411,7 @@ pub fn fp8_linear_kernel<F: Float>(
     }
 }
 
-/// Routed-expert FP8 W8A8 linear (slots as in [`nvfp4_expert_linear_kernel`]); `weight`
+/// Routed-expert FP8 W8A8 linear (slots as in [`nvfp4_expert_linear_kernel()`]); `weight`
 /// `[E · N, K/4]` words, per-expert `input_scales` and `weight_scales` `[E]`.
 #[cube(launch)]
 pub fn fp8_expert_linear_kernel<F: Float>(
