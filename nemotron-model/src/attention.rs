@@ -85,8 +85,8 @@ impl<B: NemotronBackend> Attention<B> {
                 .unsqueeze::<3>()
                 .expand([nh, len, s]);
             // Softmax in f32 whatever the activation dtype, then back for the value product.
-            let probs = crate::norm::from_f32(
-                softmax(crate::norm::to_f32(scores).mask_fill(mask, MASKED), 2),
+            let probs = crate::util::from_f32(
+                softmax(crate::util::to_f32(scores).mask_fill(mask, MASKED), 2),
                 vall.dtype(),
             );
             let o = B::matmul(probs, expand(vall))

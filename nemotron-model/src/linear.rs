@@ -32,30 +32,16 @@ impl<B: NemotronBackend> Linear<B> {
             }
             LinearWeight::Nvfp4(n) => {
                 let (in_features, out_features) = (n.in_features, n.out_features);
-                let m = Nvfp4Matrix {
-                    out_features,
-                    in_features,
-                    packed: n.packed.bytes,
-                    block_scales: n.block_scales.bytes,
-                    global_scale: n.weight_scale_2,
-                };
                 Linear::Nvfp4 {
-                    weight: B::nvfp4_weight(m, dev),
+                    weight: B::nvfp4_weight(nvfp4_matrix(n), dev),
                     in_features,
                     out_features,
                 }
             }
             LinearWeight::Fp8(f) => {
                 let (in_features, out_features) = (f.in_features, f.out_features);
-                let m = Fp8Matrix {
-                    out_features,
-                    in_features,
-                    weight: f.weight.bytes,
-                    weight_scale: f.weight_scale,
-                    input_scale: f.input_scale,
-                };
                 Linear::Fp8 {
-                    weight: B::fp8_weight(m, dev),
+                    weight: B::fp8_weight(fp8_matrix(f), dev),
                     in_features,
                     out_features,
                     dequant: None,
@@ -110,7 +96,7 @@ impl<B: NemotronBackend> Linear<B> {
                 dequant: None,
                 ..
             } => B::fp8_linear_relu2(x2, weight),
-            _ => crate::util::relu2(self.forward(x2)),
+            _ => nemotron_kernels::relu2(self.forward(x2)),
         };
         let mut out = dims;
         out[D - 1] = self.out_features();
@@ -135,6 +121,28 @@ impl<B: NemotronBackend> Linear<B> {
                 dev,
             ));
         }
+    }
+}
+
+/// A loaded NVFP4 weight as the kernels' matrix (the bytes move, nothing is decoded).
+pub(crate) fn nvfp4_matrix(n: nemotron_loader::Nvfp4Weight) -> Nvfp4Matrix {
+    Nvfp4Matrix {
+        out_features: n.out_features,
+        in_features: n.in_features,
+        packed: n.packed.bytes,
+        block_scales: n.block_scales.bytes,
+        global_scale: n.weight_scale_2,
+    }
+}
+
+/// A loaded FP8 weight as the kernels' matrix.
+pub(crate) fn fp8_matrix(f: nemotron_loader::Fp8Weight) -> Fp8Matrix {
+    Fp8Matrix {
+        out_features: f.out_features,
+        in_features: f.in_features,
+        weight: f.weight.bytes,
+        weight_scale: f.weight_scale,
+        input_scale: f.input_scale,
     }
 }
 

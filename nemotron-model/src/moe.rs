@@ -8,8 +8,9 @@
 //! weight forms (none released) fall back to grouping tokens by expert on the host.
 
 use crate::mlp::Mlp;
-use crate::util::relu2;
+use crate::util::{from_f32, to_f32};
 use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
+use nemotron_kernels::relu2;
 use nemotron_kernels::NemotronBackend;
 
 use nemotron_loader::config::MoeConfig;
@@ -81,12 +82,7 @@ impl<B: NemotronBackend> Moe<B> {
     ) -> (Tensor<B, 2, Int>, Tensor<B, 2>) {
         let c = &self.cfg;
         // The router runs in f32 whatever the activation dtype (its weights are kept f32).
-        let x = if x.dtype() == DType::F32 {
-            x
-        } else {
-            x.cast(DType::F32)
-        };
-        let logits = crate::linear::mm(x, self.router_t.clone());
+        let logits = crate::linear::mm(to_f32(x), self.router_t.clone());
         let rc = nemotron_kernels::RouteConfig {
             top_k: c.top_k,
             n_group: c.n_group,
@@ -106,50 +102,35 @@ impl<B: NemotronBackend> Moe<B> {
         let (idx, w) = self.route(x.clone(), bias_in_weights);
         let k = self.cfg.top_k;
         let dtype = x.dtype();
+        let slots = idx.clone().reshape([n * k]);
         let routed = match &self.experts {
             Experts::Nvfp4 { up, down } => {
-                let slots = idx.clone().reshape([n * k]);
                 let hs = B::nvfp4_expert_linear_relu2(x.clone(), slots.clone(), k, up);
                 Some(B::nvfp4_expert_linear(hs, slots, 1, down))
             }
             Experts::Fp8 { up, down } => {
-                let slots = idx.clone().reshape([n * k]);
                 let hs = B::fp8_expert_linear_relu2(x.clone(), slots.clone(), k, up);
                 Some(B::fp8_expert_linear(hs, slots, 1, down))
             }
             Experts::Dense { up, down } => {
-                let slots = idx.clone().reshape([n * k]);
-                let inter = up.dims()[2];
                 let xs = x
                     .clone()
                     .unsqueeze_dim::<3>(1)
                     .expand([n, k, hid])
                     .reshape([n * k, hid]);
                 let hs = relu2(dense_expert_linear(xs, slots.clone(), up));
-                debug_assert_eq!(hs.dims(), [n * k, inter]);
                 Some(dense_expert_linear(hs, slots, down))
             }
             Experts::PerExpert(_) => None,
         };
         // The routed sum accumulates in f32 (as HF does), then returns to the activation dtype.
         let out = match routed {
-            Some(y) => {
-                let y = if y.dtype() == DType::F32 {
-                    y
-                } else {
-                    y.cast(DType::F32)
-                };
-                (y.reshape([n, k, hid]) * w.unsqueeze_dim::<3>(2))
-                    .sum_dim(1)
-                    .reshape([n, hid])
-            }
+            Some(y) => (to_f32(y).reshape([n, k, hid]) * w.unsqueeze_dim::<3>(2))
+                .sum_dim(1)
+                .reshape([n, hid]),
             None => self.per_expert(x.clone(), idx, w),
         };
-        let mut out = if dtype == DType::F32 {
-            out
-        } else {
-            out.cast(dtype)
-        };
+        let mut out = from_f32(out, dtype);
         if let Some(s) = &self.shared {
             out = out + s.forward(x);
         }
@@ -187,12 +168,7 @@ impl<B: NemotronBackend> Moe<B> {
             }
             let m = toks.len();
             let tok_t = Tensor::<B, 1, Int>::from_data(TensorData::new(toks, [m]), &dev);
-            let ye = expert.forward(x.clone().select(0, tok_t.clone()));
-            let ye = if ye.dtype() == DType::F32 {
-                ye
-            } else {
-                ye.cast(DType::F32)
-            };
+            let ye = to_f32(expert.forward(x.clone().select(0, tok_t.clone())));
             let wt = Tensor::<B, 1>::from_data(TensorData::new(ws, [m]), (&dev, DType::F32))
                 .unsqueeze_dim::<2>(1);
             out = out.select_assign(0, tok_t, ye * wt, IndexingUpdateOp::Add);
@@ -202,11 +178,12 @@ impl<B: NemotronBackend> Moe<B> {
 }
 
 /// Puts one layer's routed experts on the device: stacked when every expert has the same form
-/// (NVFP4 or dense), expert by expert otherwise.
+/// (NVFP4, FP8 or dense), expert by expert otherwise.
 pub fn experts_from_weights<B: NemotronBackend>(
     experts: Vec<nemotron_loader::ExpertWeights>,
     dev: &B::Device,
 ) -> Result<Experts<B>, crate::error::ModelError> {
+    use crate::linear::{fp8_matrix, nvfp4_matrix};
     use nemotron_loader::LinearWeight as W;
     let all_nvfp4 = experts
         .iter()
@@ -217,20 +194,13 @@ pub fn experts_from_weights<B: NemotronBackend>(
     let all_dense = experts
         .iter()
         .all(|e| matches!((&e.up, &e.down), (W::Dense(_), W::Dense(_))));
-    let matrix = |w: W| match w {
-        W::Nvfp4(n) => nemotron_kernels::Nvfp4Matrix {
-            out_features: n.out_features,
-            in_features: n.in_features,
-            packed: n.packed.bytes,
-            block_scales: n.block_scales.bytes,
-            global_scale: n.weight_scale_2,
-        },
-        _ => unreachable!("checked: all NVFP4"),
-    };
     if all_nvfp4 && !experts.is_empty() {
         let (up, down): (Vec<_>, Vec<_>) = experts
             .into_iter()
-            .map(|e| (matrix(e.up), matrix(e.down)))
+            .map(|e| match (e.up, e.down) {
+                (W::Nvfp4(u), W::Nvfp4(d)) => (nvfp4_matrix(u), nvfp4_matrix(d)),
+                _ => unreachable!("checked: all NVFP4"),
+            })
             .unzip();
         return Ok(Experts::Nvfp4 {
             up: B::nvfp4_experts(up, dev),
@@ -238,19 +208,12 @@ pub fn experts_from_weights<B: NemotronBackend>(
         });
     }
     if all_fp8 && !experts.is_empty() {
-        let fp8 = |w: W| match w {
-            W::Fp8(f) => nemotron_kernels::Fp8Matrix {
-                out_features: f.out_features,
-                in_features: f.in_features,
-                weight: f.weight.bytes,
-                weight_scale: f.weight_scale,
-                input_scale: f.input_scale,
-            },
-            _ => unreachable!("checked: all FP8"),
-        };
         let (up, down): (Vec<_>, Vec<_>) = experts
             .into_iter()
-            .map(|e| (fp8(e.up), fp8(e.down)))
+            .map(|e| match (e.up, e.down) {
+                (W::Fp8(u), W::Fp8(d)) => (fp8_matrix(u), fp8_matrix(d)),
+                _ => unreachable!("checked: all FP8"),
+            })
             .unzip();
         return Ok(Experts::Fp8 {
             up: B::fp8_experts(up, dev),

@@ -1,6 +1,6 @@
 //! RMSNorm and the Mamba2 gated group RMSNorm (statistics in f32).
 
-use burn::tensor::{backend::Backend, DType, Tensor};
+use burn::tensor::Tensor;
 use nemotron_kernels::NemotronBackend;
 
 /// `w · x / sqrt(mean(x²) + eps)` over the last dimension.
@@ -43,23 +43,5 @@ impl<B: NemotronBackend> GatedRmsNorm<B> {
             self.eps,
         )
         .reshape([b, t, i])
-    }
-}
-
-/// `x` as f32 (a no-op for f32 tensors).
-pub fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dtype() == DType::F32 {
-        x
-    } else {
-        x.cast(DType::F32)
-    }
-}
-
-/// `x` back to `dtype` (a no-op when it already is).
-pub fn from_f32<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if x.dtype() == dtype {
-        x
-    } else {
-        x.cast(dtype)
     }
 }

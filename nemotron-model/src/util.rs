@@ -34,12 +34,6 @@ pub fn stack<B: Backend, const D: usize, const D2: usize>(
     }
 }
 
-/// `relu(x)²`.
-pub fn relu2<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    let r = burn::tensor::activation::relu(x);
-    r.clone() * r
-}
-
 /// A float host matrix `[rows, cols]` as a contiguous `[cols, rows]` Burn tensor (a transposed
 /// view would be re-laid out by every matmul on some backends).
 pub fn to_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
@@ -86,4 +80,25 @@ pub fn to_f32_tensor<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 1
         .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
     let n = v.len();
     Tensor::from_data(TensorData::new(v, [n]), (dev, burn::tensor::DType::F32))
+}
+
+/// `x` as f32 (a no-op for f32 tensors).
+pub fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    if x.dtype() == burn::tensor::DType::F32 {
+        x
+    } else {
+        x.cast(burn::tensor::DType::F32)
+    }
+}
+
+/// `x` back to `dtype` (a no-op when it already is).
+pub fn from_f32<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    dtype: burn::tensor::DType,
+) -> Tensor<B, D> {
+    if x.dtype() == dtype {
+        x
+    } else {
+        x.cast(dtype)
+    }
 }
