@@ -1,23 +1,36 @@
 //! Throughput of NemotronH on any backend: prefill and decode tokens/s (median of repeats after a
-//! warm-up, device synchronized), batch 1 or more, device memory in use, a per-layer-kind split of
-//! one decode step, kernel microbenchmarks, and HF transformers for the same checkpoint in the same
-//! run (CPU f32 for the host; GPU bf16, randomly initialized from the same config, on CUDA).
+//! warm-up, device synchronized), batch 1 or more, device memory in use, HF transformers for the
+//! same checkpoint in the same run (CPU f32 for the host; GPU bf16, randomly initialized from the
+//! same config, on CUDA), and the device-side views:
+//!
+//! - `--graph`: one batch-1 decode step captured as a graph (CUDA) and replayed, against the same
+//!   step run eagerly — host µs and device µs per step, and whether the replayed logits equal the
+//!   eager ones bit for bit.
+//! - `--kernels`: a device-timed kernel table at the Lightning shapes (no model): each op timed as
+//!   N back-to-back launches between two syncs, and as N launches captured once and replayed
+//!   (the launch gaps gone: device time), with bytes, GB/s and % of the copy ceiling measured in the
+//!   same run (FLOP/s for the matmuls).
+//! - `--step-kernels`: one batch-1 decode step between `cuProfilerStart`/`cuProfilerStop`, for
+//!   `ncu --profile-from-start off` to time each kernel on the device (`tools/kernel_table.py` turns
+//!   its CSV into the per-token table: kernel × launches × device µs).
+//! - `--split`, `--profile-step`: a step by layer kind, synchronized per block, and CubeCL's
+//!   kernel log per block (each kernel synchronized: counts are right, times inflated).
 //!
 //! `cargo run --release [--features cuda] --example bench -- [--backend ndarray|wgpu|cuda]
-//!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR] [--prompt-len 128] [--decode 32]
-//!  [--batch 1] [--repeats 3] [--no-hf] [--kernels]`
+//!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR | --synthetic lightning]
+//!  [--prompt-len 128] [--decode 32] [--batch 1] [--repeats 3] [--no-hf] [--graph] [--kernels]`
 //!
-//! Synthetic geometries are written as BF16 checkpoints (HF cannot read NVFP4/FP8 ones).
+//! Synthetic geometries on disk are written as BF16 checkpoints (HF cannot read NVFP4/FP8 ones).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
-use nemotron::kernels::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
+use nemotron::kernels::rng::Lcg;
+use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 use nemotron::model::block::Mixer;
 use nemotron::model::generate::device_argmax;
-use nemotron::model::NemotronH;
-use nemotron::{BackendKind, BackendTask, DType};
+use nemotron::model::{NemotronH, SequenceState};
+use nemotron::{dtype_name, BackendKind, DType};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -28,7 +41,7 @@ struct Args {
     backend: String,
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// tiny | small100m (ignored with --model)
+    /// tiny | small100m (ignored with --model or --synthetic)
     #[arg(long, default_value = "small100m")]
     geometry: String,
     #[arg(long)]
@@ -53,9 +66,15 @@ struct Args {
     repeats: usize,
     #[arg(long)]
     no_hf: bool,
-    /// Skip the model; time the NVFP4 / FP8 linears and the state update at the 30B shapes.
+    /// Skip the throughput runs; measure eager vs graph-replayed batch-1 decode steps.
+    #[arg(long)]
+    graph: bool,
+    /// Skip the model; the device-timed kernel table at the Lightning shapes.
     #[arg(long)]
     kernels: bool,
+    /// Skip the throughput runs; one batch-1 decode step between cuProfilerStart/Stop (for ncu).
+    #[arg(long)]
+    step_kernels: bool,
     /// Also split one batch-1 decode step by layer kind (synchronizing after every block).
     #[arg(long)]
     split: bool,
@@ -71,6 +90,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
 fn main() {
     let a = Args::parse();
     if a.profile_step {
@@ -78,17 +99,15 @@ fn main() {
         std::env::set_var("CUBECL_DEBUG_OPTION", "profile");
         std::env::set_var("CUBECL_DEBUG_LOG", "stdout");
     }
-    let r = (|| -> Result<(), String> {
-        let kind: BackendKind = a
-            .backend
-            .parse()
-            .map_err(|e: nemotron::Error| e.to_string())?;
-        let dtype: DType = a
-            .dtype
-            .parse()
-            .map_err(|e: nemotron::Error| e.to_string())?;
-        kind.run(dtype, Task(a.clone()))
-            .map_err(|e| e.to_string())?
+    let r = (|| -> Res<()> {
+        let kind: BackendKind = a.backend.parse()?;
+        let dtype: DType = a.dtype.parse()?;
+        let dev = kind.device(dtype)?;
+        if a.kernels {
+            kernels(&a, &dev, dtype.burn())
+        } else {
+            model(&a, &dev, dtype.burn())
+        }
     })();
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -96,33 +115,54 @@ fn main() {
     }
 }
 
-struct Task(Args);
+fn sync(dev: &Device) {
+    dev.sync().expect("device sync");
+}
 
-impl BackendTask for Task {
-    type Output = Result<(), String>;
-    fn run<B: NemotronBackend>(self, dev: &B::Device) -> Self::Output {
-        if self.0.kernels {
-            kernels::<B>(&self.0, dev)
-        } else {
-            model::<B>(&self.0, dev).map_err(|e| e.to_string())
+fn geometry(name: &str) -> Res<Geometry> {
+    Ok(match name {
+        "tiny" => Geometry::tiny(),
+        "small100m" => Geometry::small_100m(),
+        "nano" => Geometry::nano_30b(),
+        "lightning" => Geometry::lightning_30b(),
+        g => return Err(format!("unknown geometry {g:?}").into()),
+    })
+}
+
+/// Loads the model the arguments name; returns it with the directory HF reads and a label.
+fn load(a: &Args, dev: &Device, dtype: BDType) -> Res<(NemotronH, PathBuf, String, Option<tempfile::TempDir>)> {
+    if let Some(g) = &a.synthetic {
+        let geom = geometry(g)?;
+        let recipe = SynthRecipe::parse(&a.recipe)
+            .ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
+        let opts = SynthOptions {
+            recipe,
+            seed: 1,
+            max_shard_bytes: 0,
+            misalign: false,
+        };
+        let t0 = Instant::now();
+        let ck = nemotron::loader::synth::build_checkpoint(&geom, &opts)?;
+        println!(
+            "built synthetic {g} ({}) in memory in {:.1} s",
+            a.recipe,
+            t0.elapsed().as_secs_f64()
+        );
+        // The config alone, for HF's from-config peer.
+        let cfg_dir = tempfile::tempdir()?;
+        let mut cfg = geom.config_json();
+        if let Some(o) = cfg.as_object_mut() {
+            o.remove("quantization_config");
         }
+        std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
+        let m = NemotronH::from_checkpoint(ck, dev, dtype)?;
+        let p = cfg_dir.path().to_path_buf();
+        return Ok((m, p, format!("synthetic {g} ({}, in memory)", a.recipe), Some(cfg_dir)));
     }
-}
-
-fn sync<B: Backend>(dev: &B::Device) {
-    B::sync(dev).expect("device sync");
-}
-
-fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn std::error::Error>> {
-    let _tmp;
-    let (dir, label) = match &a.model {
-        Some(d) => (d.clone(), d.display().to_string()),
+    let (dir, label, tmp) = match &a.model {
+        Some(d) => (d.clone(), d.display().to_string(), None),
         None => {
-            let geom = match a.geometry.as_str() {
-                "tiny" => Geometry::tiny(),
-                "small100m" => Geometry::small_100m(),
-                g => return Err(format!("unknown --geometry {g:?}").into()),
-            };
+            let geom = geometry(&a.geometry)?;
             let t = tempfile::tempdir()?;
             let opts = SynthOptions {
                 recipe: SynthRecipe::Bf16,
@@ -132,67 +172,48 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
             };
             write_checkpoint(t.path(), &geom, &opts)?;
             let p = t.path().to_path_buf();
-            _tmp = t;
-            (p, format!("synthetic {} (BF16)", a.geometry))
+            (p, format!("synthetic {} (BF16)", a.geometry), Some(t))
         }
     };
+    Ok((NemotronH::load_as(&dir, dev, dtype)?, dir, label, tmp))
+}
+
+fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     let t0 = Instant::now();
-    let (m, dir, label) = match &a.synthetic {
-        None => (NemotronH::<B>::load(&dir, dev)?, dir, label),
-        Some(g) => {
-            let geom = match g.as_str() {
-                "tiny" => Geometry::tiny(),
-                "small100m" => Geometry::small_100m(),
-                "nano" => Geometry::nano_30b(),
-                "lightning" => Geometry::lightning_30b(),
-                g => return Err(format!("unknown --synthetic {g:?}").into()),
-            };
-            let recipe = SynthRecipe::parse(&a.recipe)
-                .ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
-            let opts = SynthOptions {
-                recipe,
-                seed: 1,
-                max_shard_bytes: 0,
-                misalign: false,
-            };
-            let ck = nemotron::loader::synth::build_checkpoint(&geom, &opts)?;
-            println!(
-                "built synthetic {g} ({}) in memory in {:.1} s",
-                a.recipe,
-                t0.elapsed().as_secs_f64()
-            );
-            // The config alone, for HF's from-config peer.
-            let cfg_dir = tempfile::tempdir()?;
-            let mut cfg = geom.config_json();
-            cfg.as_object_mut().unwrap().remove("quantization_config");
-            std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
-            let p = cfg_dir.path().to_path_buf();
-            std::mem::forget(cfg_dir);
-            (
-                NemotronH::<B>::from_checkpoint(ck, dev)?,
-                p,
-                format!("synthetic {g} ({}, in memory)", a.recipe),
-            )
-        }
-    };
-    sync::<B>(dev);
+    let (m, dir, label, _tmp) = load(a, dev, dtype)?;
+    sync(dev);
     let load = t0.elapsed().as_secs_f64();
-    let report = m.report.clone().expect("loaded from a checkpoint");
-    println!("backend: {}  dtype: {}", a.backend, a.dtype);
+    let report = m.report().cloned().ok_or("the model was not loaded from a checkpoint")?;
+    // The dtype the model's tensors hold, not the one asked for.
+    println!("backend: {}  activations: {}", a.backend, dtype_name(m.dtype()));
     println!(
         "model: {label}, {} layers ({})",
-        m.layers.len(),
-        m.config.pattern()
+        m.layers().len(),
+        m.config().pattern()
     );
     println!(
         "load: {load:.1} s; checkpoint bytes held {} ({:.2} GiB)",
         report.host_bytes,
         report.host_bytes as f64 / (1u64 << 30) as f64
     );
-    if let Some(mem) = B::memory_in_use(dev) {
-        println!("device memory in use after load: {mem} bytes ({:.2} GiB) = {:.3} × the held checkpoint bytes", mem as f64 / (1u64 << 30) as f64, mem as f64 / report.host_bytes as f64);
+    #[cfg(feature = "cuda")]
+    if let Some(mem) = nemotron::kernels::cube::memory_in_use(dev) {
+        println!(
+            "device memory in use after load: {mem} bytes ({:.2} GiB) = {:.3} × the held checkpoint bytes",
+            mem as f64 / (1u64 << 30) as f64,
+            mem as f64 / report.host_bytes as f64
+        );
     }
-    let v = m.config.vocab_size;
+    let v = m.config().vocab_size;
+    let prompt: Vec<u32> = (0..a.prompt_len[0].min(1024))
+        .map(|i| ((i * 7919 + 13) % v) as u32)
+        .collect();
+    if a.graph {
+        return graph_step(a, &m, dev, &prompt);
+    }
+    if a.step_kernels {
+        return step_kernels(&m, dev, &prompt);
+    }
     let mut first = (0.0, 0.0);
     let runs: Vec<(usize, usize)> = a
         .batch
@@ -218,7 +239,7 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
             let mut states: Vec<_> = (0..batch).map(|_| m.new_state()).collect();
             let mut refs: Vec<_> = states.iter_mut().collect();
             let toks: Vec<&[u32]> = prompts.iter().map(|p| p.as_slice()).collect();
-            sync::<B>(dev);
+            sync(dev);
             let t0 = Instant::now();
             let mut next = device_argmax(m.forward_last(&toks, &mut refs)?);
             let t1 = Instant::now();
@@ -245,26 +266,26 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
         );
     }
     let (p, d) = first;
-    if a.split || a.profile_step {
-        let prompt: Vec<u32> = (0..a.prompt_len[0].min(1024))
-            .map(|i| ((i * 7919 + 13) % v) as u32)
-            .collect();
-        if a.split {
-            split_decode(&m, dev, &prompt);
-        }
-        if a.profile_step {
-            profile_step(&m, dev, &prompt);
-        }
+    if a.split {
+        split_decode(&m, dev, &prompt);
+    }
+    if a.profile_step {
+        profile_step(&m, dev, &prompt);
     }
     if a.no_hf {
         println!("HF transformers: skipped (--no-hf)");
         return Ok(());
     }
+    hf(a, &dir, p, d)
+}
+
+/// HF transformers on the same checkpoint (or config), in the same run.
+fn hf(a: &Args, dir: &std::path::Path, p: f64, d: f64) -> Res<()> {
     let cuda = a.backend == "cuda";
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tools/hf_bench.py");
     let mut args = vec![
         script.to_string(),
-        dir.to_str().unwrap().to_string(),
+        dir.display().to_string(),
         "--prompt-len".into(),
         a.prompt_len[0].to_string(),
         "--decode".into(),
@@ -314,36 +335,150 @@ fn model<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Box<dyn st
     Ok(())
 }
 
+/// A prefilled batch-1 state and the next token's ids on the device.
+fn prefilled(m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<(SequenceState, Tensor<2, Int>)> {
+    let mut s = m.new_state();
+    let next = device_argmax(m.forward_last(&[prompt], &mut [&mut s])?)[0];
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![next as i32], [1, 1]), dev);
+    Ok((s, ids))
+}
+
+/// Eager decode steps against graph replays of the same step (batch 1, same state each time).
+fn graph_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> {
+    let (state, ids) = prefilled(m, dev, prompt)?;
+    let n = 20usize;
+    let eager_step = || -> Tensor<2> {
+        let mut s = state.clone();
+        m.forward_last_ids(ids.clone(), &mut [&mut s]).expect("one id row")
+    };
+    let eager = eager_step().into_data();
+    // Eager: host time to issue N steps, then the wall time once the device is done.
+    let (mut host, mut wall) = (vec![], vec![]);
+    for _ in 0..a.repeats.max(1) + 1 {
+        sync(dev);
+        let t0 = Instant::now();
+        let mut keep = Vec::with_capacity(n);
+        for _ in 0..n {
+            keep.push(eager_step());
+        }
+        let t1 = Instant::now();
+        sync(dev);
+        let t2 = Instant::now();
+        host.push((t1 - t0).as_secs_f64() / n as f64);
+        wall.push((t2 - t0).as_secs_f64() / n as f64);
+    }
+    let (eh, ew) = (median(host[1..].to_vec()), median(wall[1..].to_vec()));
+    let t0 = Instant::now();
+    let mut g = m.capture_step(ids.clone(), vec![state.clone()])?;
+    sync(dev);
+    let capture_s = t0.elapsed().as_secs_f64();
+    let (mut host, mut wall) = (vec![], vec![]);
+    for _ in 0..a.repeats.max(1) + 1 {
+        sync(dev);
+        let t0 = Instant::now();
+        for _ in 0..n {
+            // Safety: the model, `ids` and the captured state clones outlive the graph; nothing
+            // else touches them while it replays (one stream, this thread).
+            unsafe {
+                g.replay();
+            }
+        }
+        let t1 = Instant::now();
+        sync(dev);
+        let t2 = Instant::now();
+        host.push((t1 - t0).as_secs_f64() / n as f64);
+        wall.push((t2 - t0).as_secs_f64() / n as f64);
+    }
+    let (rh, rw) = (median(host[1..].to_vec()), median(wall[1..].to_vec()));
+    let replayed = g.output().clone().into_data();
+    let same = replayed.as_bytes() == eager.as_bytes();
+    println!(
+        "decode step, batch 1 ({} layers, position {}): graph {} (captured in {:.2} s incl. warm-up)",
+        m.layers().len(),
+        prompt.len(),
+        if g.is_hardware() { "captured on the device" } else { "not supported here: replay re-runs the step" },
+        capture_s
+    );
+    println!("  eager : host {:>9.1} µs/step, wall {:>9.1} µs/step ({:.1} tok/s), median of {} × {n} steps", eh * 1e6, ew * 1e6, 1.0 / ew, a.repeats.max(1));
+    println!("  replay: host {:>9.1} µs/step, wall {:>9.1} µs/step ({:.1} tok/s)", rh * 1e6, rw * 1e6, 1.0 / rw);
+    println!("  replayed logits bit-identical to eager: {same}");
+    if !same {
+        return Err("replayed logits differ from the eager step".into());
+    }
+    Ok(())
+}
+
+/// One batch-1 decode step between cuProfilerStart and cuProfilerStop (after warm-up steps), for
+/// `ncu --profile-from-start off`; prints the step's host and wall time.
+fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> {
+    let (state, ids) = prefilled(m, dev, prompt)?;
+    let step = || {
+        let mut s = state.clone();
+        m.forward_last_ids(ids.clone(), &mut [&mut s]).expect("one id row")
+    };
+    for _ in 0..3 {
+        let _ = step();
+    }
+    sync(dev);
+    profiler(true)?;
+    let t0 = Instant::now();
+    let out = step();
+    let t1 = Instant::now();
+    sync(dev);
+    let t2 = Instant::now();
+    profiler(false)?;
+    drop(out);
+    println!(
+        "profiled one decode step: host dispatch {:.1} µs, wall {:.1} µs",
+        (t1 - t0).as_secs_f64() * 1e6,
+        (t2 - t0).as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn profiler(on: bool) -> Res<()> {
+    // The primary context CubeCL runs in, current on this thread for the profiler calls.
+    let ctx = cudarc::driver::CudaContext::new(0)?;
+    ctx.bind_to_thread()?;
+    if on {
+        cudarc::driver::profiler_start()?;
+    } else {
+        cudarc::driver::profiler_stop()?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn profiler(_on: bool) -> Res<()> {
+    Err("--step-kernels needs the cuda feature (cuProfilerStart for ncu)".into())
+}
+
 /// One batch-1 decode step block by block under CubeCL's kernel profiler: a marker line after each
 /// block (after a sync and a pause for the asynchronous log), so the kernel lines between two
 /// markers are that block's.
-fn profile_step<B: NemotronBackend>(m: &NemotronH<B>, dev: &B::Device, prompt: &[u32]) {
+fn profile_step(m: &NemotronH, dev: &Device, prompt: &[u32]) {
     let mut s = m.new_state();
     let _ = m.forward_last(&[prompt], &mut [&mut s]).expect("prefill");
     let pause = || std::thread::sleep(std::time::Duration::from_millis(100));
-    let ids =
-        Tensor::<B, 2, burn::tensor::Int>::from_data(TensorData::new(vec![7i64], [1, 1]), dev);
-    sync::<B>(dev);
+    sync(dev);
     pause();
     println!("=== profile: begin (one batch-1 decode step)");
-    let mut x = burn::tensor::module::embedding(m.embeddings.clone(), ids);
-    sync::<B>(dev);
-    pause();
-    println!("=== profile: embedding");
-    for (l, block) in m.layers.iter().enumerate() {
-        x = block.forward(x, &[1], &mut [&mut s], l, &Default::default());
-        sync::<B>(dev);
+    let blocks = m.layers();
+    let _ = m.trace_step(7, &mut s, |l| {
+        sync(dev);
         pause();
-        println!("=== profile: layer {l} {}", kind(&block.mixer));
-    }
-    let logits = m.lm_head.forward(m.norm_f.forward(x));
-    let _ = device_argmax(logits.reshape([1, m.config.vocab_size]));
-    sync::<B>(dev);
+        match l {
+            Some(l) => println!("=== profile: layer {l} {}", kind(blocks[l].mixer())),
+            None => println!("=== profile: embedding"),
+        }
+    });
+    sync(dev);
     pause();
     println!("=== profile: head");
 }
 
-fn kind<B: NemotronBackend>(m: &Mixer<B>) -> &'static str {
+fn kind(m: &Mixer) -> &'static str {
     match m {
         Mixer::Mamba(_) => "mamba2",
         Mixer::Moe(_) => "moe",
@@ -352,43 +487,29 @@ fn kind<B: NemotronBackend>(m: &Mixer<B>) -> &'static str {
     }
 }
 
-/// One batch-1 decode step, synchronizing after each block, timed by layer kind.
-fn split_decode<B: NemotronBackend>(m: &NemotronH<B>, dev: &B::Device, prompt: &[u32]) {
+/// Batch-1 decode steps, synchronizing after each block, timed by layer kind.
+fn split_decode(m: &NemotronH, dev: &Device, prompt: &[u32]) {
     let mut s = m.new_state();
     let _ = m.forward_last(&[prompt], &mut [&mut s]).expect("prefill");
     let mut totals = std::collections::BTreeMap::<&str, (f64, usize)>::new();
+    let blocks = m.layers();
     let steps = 8;
     for step in 0..steps {
-        let ids = Tensor::<B, 2, burn::tensor::Int>::from_data(
-            TensorData::new(vec![(step * 31 % 100) as i64], [1, 1]),
-            dev,
-        );
-        sync::<B>(dev);
-        let t = Instant::now();
-        let mut x = burn::tensor::module::embedding(m.embeddings.clone(), ids);
-        sync::<B>(dev);
-        let e = totals.entry("embedding").or_default();
-        e.0 += t.elapsed().as_secs_f64();
-        e.1 += 1;
-        for (l, block) in m.layers.iter().enumerate() {
-            let kind = match block.mixer {
-                Mixer::Mamba(_) => "mamba2",
-                Mixer::Moe(_) => "moe",
-                Mixer::Attention(_) => "attention",
-                Mixer::Mlp(_) => "mlp",
+        sync(dev);
+        let mut t = Instant::now();
+        let _ = m.trace_step((step * 31 % 100) as u32, &mut s, |l| {
+            sync(dev);
+            let name = match l {
+                Some(l) => kind(blocks[l].mixer()),
+                None => "embedding",
             };
-            let t = Instant::now();
-            x = block.forward(x, &[1], &mut [&mut s], l, &Default::default());
-            sync::<B>(dev);
-            let e = totals.entry(kind).or_default();
+            let e = totals.entry(name).or_default();
             e.0 += t.elapsed().as_secs_f64();
             e.1 += 1;
-        }
-        s.position += 1;
-        let t = Instant::now();
-        let logits = m.lm_head.forward(m.norm_f.forward(x));
-        let _ = device_argmax(logits.reshape([1, m.config.vocab_size]));
-        let e = totals.entry("norm_f + lm_head + argmax").or_default();
+            t = Instant::now();
+        });
+        sync(dev);
+        let e = totals.entry("norm_f + lm_head").or_default();
         e.0 += t.elapsed().as_secs_f64();
         e.1 += 1;
     }
@@ -404,110 +525,240 @@ fn split_decode<B: NemotronBackend>(m: &NemotronH<B>, dev: &B::Device, prompt: &
     }
 }
 
-/// Kernel microbenchmarks at the 30B-A3B shapes: achieved bandwidth of the batch-1 NVFP4 linear
-/// (packed + scale bytes read per second), the FP8 linear, and the state update.
-fn kernels<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), String> {
-    let reps = 20.max(a.repeats);
-    let mut seed = 1u64;
-    let mut rnd = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (seed >> 56) as u8
+/// One kernel-table row: an op at one shape, its bytes and FLOPs.
+struct Row<'a> {
+    name: String,
+    bytes: f64,
+    flops: f64,
+    op: Box<dyn FnMut() + 'a>,
+}
+
+/// Times `op` as `n` back-to-back launches between two syncs, and as `n` launches captured once
+/// and replayed (CUDA graph; the closure re-run elsewhere): seconds per op, (eager, replayed).
+fn device_time(dev: &Device, op: &mut dyn FnMut(), n: usize, reps: usize) -> (f64, f64) {
+    for _ in 0..3 {
+        op();
+    }
+    sync(dev);
+    let mut eager = vec![];
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..n {
+            op();
+        }
+        sync(dev);
+        eager.push(t.elapsed().as_secs_f64() / n as f64);
+    }
+    let mut g = burn::tensor::capture(dev, || {
+        for _ in 0..n {
+            op();
+        }
+    });
+    sync(dev);
+    let mut replay = vec![];
+    for _ in 0..reps {
+        let t = Instant::now();
+        // Safety: the op's inputs are owned by the closure's captures and outlive the graph.
+        unsafe {
+            g.replay();
+        }
+        sync(dev);
+        replay.push(t.elapsed().as_secs_f64() / n as f64);
+    }
+    (median(eager), median(replay))
+}
+
+/// The device-timed kernel table at the Lightning shapes.
+fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
+    let (n, reps) = (50, a.repeats.max(5));
+    let esize = if dtype == BDType::F32 { 4.0 } else { 2.0 };
+    let mut rng = Lcg::new(1);
+    let act = |rng: &mut Lcg, shape: Vec<usize>| -> Tensor<2> {
+        let len = shape.iter().product();
+        Tensor::<1>::from_data(TensorData::new(rng.vec(len, 1.0), [len]), (dev, dtype))
+            .reshape([shape[0], len / shape[0]])
+    };
+    // The copy ceiling in this run: a 1 GiB buffer read and written.
+    let big = Tensor::<1>::from_data(
+        TensorData::new(vec![1.0f32; 1 << 28], [1 << 28]),
+        (dev, BDType::F32),
+    );
+    let (ce, cr) = device_time(dev, &mut || drop(big.clone() + 1.0), 10, reps);
+    let ceiling = 2.0 * (1u64 << 30) as f64 / ce.min(cr);
+    println!(
+        "kernel table ({}, activations {}; µs per op call; eager = {n} launches between two syncs, \
+         replay = the same {n} launches as one captured graph; median of {reps})",
+        a.backend,
+        dtype_name(dtype)
+    );
+    println!(
+        "copy ceiling measured here: {:.0} GB/s (1 GiB read + written; eager {:.1} µs, replay {:.1} µs)",
+        ceiling / 1e9,
+        ce * 1e6,
+        cr * 1e6
+    );
+    let nvfp4 = |rng: &mut Lcg, e: usize, nout: usize, k: usize| -> Vec<Nvfp4Matrix> {
+        (0..e)
+            .map(|_| Nvfp4Matrix {
+                out_features: nout,
+                in_features: k,
+                packed: rng.bytes(nout * k / 2),
+                // Scale bytes kept below 0x7F so none decodes to NaN.
+                block_scales: rng.bytes(nout * k / 16).into_iter().map(|b| 0x30 + (b % 16)).collect(),
+                global_scale: 1e-3,
             })
             .collect()
     };
-    let time = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        sync::<B>(dev);
-        let mut ts = vec![];
-        for _ in 0..reps {
-            let t = Instant::now();
-            f();
-            sync::<B>(dev);
-            ts.push(t.elapsed().as_secs_f64());
-        }
-        median(ts)
-    };
-    println!(
-        "kernel microbenchmarks ({}, {}, median of {reps})",
-        a.backend, a.dtype
-    );
-    for (k, n) in [
-        (2688, 1856),
-        (1856, 2688),
-        (2688, 10304),
-        (4096, 2688),
-        (2688, 131072),
-    ] {
-        // Scale bytes kept below 0x7F so none decodes to NaN.
-        let scales: Vec<u8> = rnd(n * k / 16)
-            .into_iter()
-            .map(|b| 0x30 + (b % 16))
-            .collect();
-        let w = B::nvfp4_weight(
-            Nvfp4Matrix {
-                out_features: n,
-                in_features: k,
-                packed: rnd(n * k / 2),
-                block_scales: scales,
-                global_scale: 1e-3,
-            },
-            dev,
-        );
-        let x = Tensor::<B, 2>::from_data(TensorData::new(vec![0.5f32; k], [1, k]), dev);
-        let s = time(&mut || {
-            let _ = B::nvfp4_linear(x.clone(), &w);
-        });
-        let bytes = (n * k / 2 + n * k / 16) as f64;
-        println!(
-            "  NVFP4 GEMV {k:>5}→{n:<6}: {:>8.1} µs, {:>7.1} GB/s of packed weight + scales",
-            s * 1e6,
-            bytes / s / 1e9
-        );
-    }
-    let (k, n) = (2688, 10304);
-    let w = B::fp8_weight(
+    let fp8 = |rng: &mut Lcg, nout: usize, k: usize| -> Fp8Matrix {
         Fp8Matrix {
-            out_features: n,
+            out_features: nout,
             in_features: k,
-            weight: rnd(n * k).into_iter().map(|b| b & 0x7E).collect(),
+            weight: rng.bytes(nout * k).into_iter().map(|b| b & 0x7E).collect(),
             weight_scale: 1e-3,
             input_scale: 1e-2,
-        },
-        dev,
-    );
-    let x = Tensor::<B, 2>::from_data(TensorData::new(vec![0.5f32; k], [1, k]), dev);
-    let s = time(&mut || {
-        let _ = B::fp8_linear(x.clone(), &w);
-    });
-    println!(
-        "  FP8 W8A8 GEMV {k}→{n}: {:>8.1} µs, {:>7.1} GB/s of weight",
-        s * 1e6,
-        (n * k) as f64 / s / 1e9
-    );
-    let (h, p, nn, g) = (64, 64, 128, 8);
-    let st = Tensor::<B, 4>::zeros([1, h, p, nn], (dev, burn::tensor::DType::F32));
-    let x = Tensor::<B, 4>::ones([1, 1, h, p], dev);
-    let dt = Tensor::<B, 3>::ones([1, 1, h], dev) * 0.01;
-    let av = Tensor::<B, 1>::ones([h], dev) * -1.0;
-    let bm = Tensor::<B, 4>::ones([1, 1, g, nn], dev);
-    let d = Tensor::<B, 1>::ones([h], dev);
-    let s = time(&mut || {
-        let _ = B::selective_scan(
-            x.clone(),
-            dt.clone(),
-            av.clone(),
-            bm.clone(),
-            bm.clone(),
-            d.clone(),
-            st.clone(),
-            &[1],
+        }
+    };
+    let mut rows: Vec<Row> = vec![];
+    for (k, nout) in [(2688, 1856), (1856, 2688), (2688, 10304), (4096, 2688), (2688, 131072)] {
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+        let x = act(&mut rng, vec![1, k]);
+        rows.push(Row {
+            name: format!("NVFP4 GEMV {k}→{nout}"),
+            bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
+            flops: 2.0 * (k * nout) as f64,
+            op: Box::new(move || drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None))),
+        });
+    }
+    for (k, nout, div, epi) in [(2688, 1856, 6, Epilogue::Relu2), (1856, 2688, 1, Epilogue::None)] {
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
+        let x = act(&mut rng, vec![6 / div, k]);
+        let idx = Tensor::<1, Int>::from_data(
+            TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]),
+            dev,
         );
-    });
-    let bytes = 2.0 * (h * p * nn * 4) as f64; // state read + written (f32)
-    println!("  selective state update 64×64×128 f32: {:>8.1} µs, {:>7.1} GB/s of state read+written (includes the state copy)", s * 1e6, bytes / s / 1e9);
+        rows.push(Row {
+            name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?})"),
+            bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64 + esize * (6 / div * k + 6 * nout) as f64,
+            flops: 12.0 * (k * nout) as f64,
+            op: Box::new(move || drop(ops::nvfp4_expert_linear(x.clone(), idx.clone(), div, &w, epi))),
+        });
+    }
+    for (k, nout) in [(2688, 10304), (4096, 2688)] {
+        let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+        let x = act(&mut rng, vec![1, k]);
+        rows.push(Row {
+            name: format!("FP8 W8A8 GEMV {k}→{nout}"),
+            bytes: (nout * k) as f64 + esize * (k + nout) as f64,
+            flops: 2.0 * (k * nout) as f64,
+            op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
+        });
+    }
+    for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 128, true)] {
+        let wd = if f32_weights { BDType::F32 } else { dtype };
+        let w = Tensor::<1>::from_data(TensorData::new(rng.vec(k * nout, 0.05), [k * nout]), (dev, wd))
+            .reshape([k, nout]);
+        let x = act(&mut rng, vec![1, k]);
+        let x = if f32_weights { x.cast(BDType::F32) } else { x };
+        let ws = if f32_weights { 4.0 } else { esize };
+        rows.push(Row {
+            name: format!("dense matmul 1×{k}·{k}×{nout} ({})", dtype_name(wd)),
+            bytes: ws * (k * nout + k + nout) as f64,
+            flops: 2.0 * (k * nout) as f64,
+            op: Box::new(move || drop(ops::mm(x.clone(), w.clone()))),
+        });
+    }
+    {
+        let (h, p, ns, g) = (64, 64, 128, 8);
+        let st = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));
+        let x = act(&mut rng, vec![1, h * p]).reshape([1, 1, h, p]);
+        let dt = Tensor::<3>::ones([1, 1, h], (dev, dtype)) * 0.01;
+        let av = Tensor::<1>::ones([h], (dev, dtype)) * -1.0;
+        let bm = act(&mut rng, vec![1, g * ns]).reshape([1, 1, g, ns]);
+        let d = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("selective state update {h}×{p}×{ns} (f32 state)"),
+            bytes: 2.0 * (h * p * ns * 4) as f64,
+            flops: 5.0 * (h * p * ns) as f64,
+            op: Box::new(move || {
+                drop(ops::selective_scan(
+                    x.clone(), dt.clone(), av.clone(), bm.clone(), bm.clone(), d.clone(), st.clone(), &[1],
+                ))
+            }),
+        });
+        let c = 6144;
+        let x = act(&mut rng, vec![1, c]).reshape([1, 1, c]);
+        let w = act(&mut rng, vec![c, 4]);
+        let st = Tensor::<3>::zeros([1, c, 3], (dev, dtype));
+        rows.push(Row {
+            name: format!("causal conv step {c} channels, K=4"),
+            bytes: esize * (c * (1 + 4 + 3 + 3 + 1)) as f64,
+            flops: 8.0 * c as f64,
+            op: Box::new(move || drop(ops::causal_conv1d(x.clone(), w.clone(), None, st.clone(), &[1]))),
+        });
+        let dtr = act(&mut rng, vec![1, h]).reshape([1, 1, h]);
+        let bias = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("dt softplus {h} heads"),
+            bytes: esize * (3 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::dt_softplus(dtr.clone(), bias.clone(), None))),
+        });
+    }
+    {
+        let e = 128;
+        let logits = act(&mut rng, vec![1, e]).cast(BDType::F32);
+        let bias = Tensor::<1>::zeros([e], (dev, BDType::F32));
+        let c = nemotron::kernels::RouteConfig {
+            top_k: 6,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+            weights_from_biased: false,
+        };
+        rows.push(Row {
+            name: "MoE routing 128 experts, top 6".into(),
+            bytes: (4 * 2 * e + 8 * 6) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::moe_route(logits.clone(), bias.clone(), &c))),
+        });
+        let h = 2688;
+        let x = act(&mut rng, vec![1, h]);
+        let w = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("RMSNorm 1×{h}"),
+            bytes: esize * (3 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::rms_norm(x.clone(), None, w.clone(), 1, 1e-5))),
+        });
+        let i = 4096;
+        let y = act(&mut rng, vec![1, i]);
+        let z = act(&mut rng, vec![1, i]);
+        let w = Tensor::<1>::ones([i], (dev, dtype));
+        rows.push(Row {
+            name: format!("gated group RMSNorm 1×{i}, 8 groups"),
+            bytes: esize * (4 * i) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::rms_norm(y.clone(), Some(z.clone()), w.clone(), 8, 1e-5))),
+        });
+    }
+    println!(
+        "{:<44} {:>10} {:>10} {:>11} {:>9} {:>8} {:>10}",
+        "op", "eager µs", "replay µs", "bytes", "GB/s", "% copy", "GFLOP/s"
+    );
+    for mut r in rows {
+        let (e, g) = device_time(dev, &mut r.op, n, reps);
+        let t = g.min(e);
+        println!(
+            "{:<44} {:>10.2} {:>10.2} {:>11.0} {:>9.1} {:>7.1}% {:>10}",
+            r.name,
+            e * 1e6,
+            g * 1e6,
+            r.bytes,
+            r.bytes / t / 1e9,
+            100.0 * r.bytes / t / ceiling,
+            if r.flops > 0.0 { format!("{:.1}", r.flops / t / 1e9) } else { "-".into() }
+        );
+    }
     Ok(())
 }

@@ -15,9 +15,9 @@
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use nemotron::kernels::NemotronBackend;
+use burn::tensor::Device;
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
-use nemotron::{BackendKind, BackendTask, DType, Error, GenerateOptions, NemotronH, TextModel};
+use nemotron::{dtype_name, BackendKind, DType, Error, GenerateOptions, NemotronH, TextModel};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -93,19 +93,16 @@ fn bar(total: u64, msg: &str) -> ProgressBar {
 fn run(a: Args) -> Result<(), Error> {
     let backend: BackendKind = a.backend.parse()?;
     let dtype: DType = a.dtype.parse()?;
-    backend.run(dtype, Task(a))?
+    let dev = backend.device(dtype)?;
+    run_on(a, &dev, dtype)
 }
 
-struct Task(Args);
-
-impl BackendTask for Task {
-    type Output = Result<(), Error>;
-    fn run<B: NemotronBackend>(self, device: &B::Device) -> Self::Output {
-        run_on::<B>(self.0, device)
-    }
+/// The backend and activation dtype the loaded model actually runs in.
+fn announce(m: &NemotronH, backend: &str) {
+    eprintln!("backend: {backend}, activations: {}", dtype_name(m.dtype()));
 }
 
-fn run_on<B: NemotronBackend>(a: Args, dev: &B::Device) -> Result<(), Error> {
+fn run_on(a: Args, dev: &Device, dtype: DType) -> Result<(), Error> {
     let reasoning = match a.reasoning.as_deref() {
         None => None,
         Some("on" | "true") => Some(true),
@@ -117,7 +114,7 @@ fn run_on<B: NemotronBackend>(a: Args, dev: &B::Device) -> Result<(), Error> {
         }
     };
     let Some(dir) = a.model.clone() else {
-        return run_synthetic::<B>(&a, dev);
+        return run_synthetic(&a, dev, dtype);
     };
     if a.prompt.is_none() {
         if a.prompt_ids.is_empty() {
@@ -125,13 +122,14 @@ fn run_on<B: NemotronBackend>(a: Args, dev: &B::Device) -> Result<(), Error> {
                 "give --prompt TEXT (or --prompt-ids 1,2,3)".into(),
             ));
         }
-        let m = NemotronH::<B>::load(&dir, dev)?;
+        let m = NemotronH::load_as(&dir, dev, dtype.burn())?;
+        announce(&m, &a.backend);
         return generate_ids(&m, &a);
     }
 
     let t0 = Instant::now();
     let pb = bar(0, "loading");
-    let tm = TextModel::<B>::load_with_progress(&dir, dev, |p| {
+    let tm = TextModel::load_with_progress(&dir, dev, dtype.burn(), |p| {
         pb.set_length(p.bytes_total);
         pb.set_position(p.bytes_done);
     })?;
@@ -139,9 +137,10 @@ fn run_on<B: NemotronBackend>(a: Args, dev: &B::Device) -> Result<(), Error> {
     eprintln!(
         "loaded {} ({} layers) in {:.1} s",
         dir.display(),
-        tm.model.layers.len(),
+        tm.model.layers().len(),
         t0.elapsed().as_secs_f64()
     );
+    announce(&tm.model, &a.backend);
 
     let user = a.prompt.clone().unwrap_or_default();
     let prompt = if a.chat {
@@ -206,7 +205,7 @@ fn apply_sampling(opts: &mut GenerateOptions, a: &Args) {
     s.seed = a.seed;
 }
 
-fn run_synthetic<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Error> {
+fn run_synthetic(a: &Args, dev: &Device, dtype: DType) -> Result<(), Error> {
     if a.prompt.is_some() || a.chat {
         return Err(Error::Unavailable("the embedded synthetic model has no tokenizer: pass --model DIR for text, or --prompt-ids".into()));
     }
@@ -219,11 +218,12 @@ fn run_synthetic<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), Er
     };
     write_checkpoint(t.path(), &Geometry::tiny(), &opts)?;
     eprintln!("no --model: a tiny synthetic Lightning-style checkpoint (random weights, no tokenizer) in {}", t.path().display());
-    let m = NemotronH::<B>::load(t.path(), dev)?;
+    let m = NemotronH::load_as(t.path(), dev, dtype.burn())?;
+    announce(&m, &a.backend);
     generate_ids(&m, a)
 }
 
-fn generate_ids<B: NemotronBackend>(m: &NemotronH<B>, a: &Args) -> Result<(), Error> {
+fn generate_ids(m: &NemotronH, a: &Args) -> Result<(), Error> {
     let prompt = if a.prompt_ids.is_empty() {
         vec![1, 17, 42, 99, 7]
     } else {
@@ -231,7 +231,7 @@ fn generate_ids<B: NemotronBackend>(m: &NemotronH<B>, a: &Args) -> Result<(), Er
     };
     let mut opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
-        stop_ids: m.config.eos_token_ids.clone(),
+        stop_ids: m.config().eos_token_ids.clone(),
         ..Default::default()
     };
     apply_sampling(&mut opts, a);

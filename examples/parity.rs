@@ -6,13 +6,13 @@
 //! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt) and
 //! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
 //! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache.
-//! Bad arguments or a bad checkpoint: one line on stderr and exit 1.
+//! Prints the backend and the activation dtype the model runs in. Bad arguments or a bad
+//! checkpoint: one line on stderr and exit 1.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Device, Tensor};
 use clap::Parser;
-use nemotron::kernels::NemotronBackend;
 use nemotron::model::NemotronH;
-use nemotron::{BackendKind, BackendTask, DType};
+use nemotron::{dtype_name, BackendKind, DType};
 use safetensors::{serialize_to_file, Dtype, View};
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -66,7 +66,8 @@ fn main() {
             .dtype
             .parse()
             .map_err(|e: nemotron::Error| e.to_string())?;
-        kind.run(dtype, Task(&args)).map_err(|e| e.to_string())?
+        let dev = kind.device(dtype).map_err(|e| e.to_string())?;
+        run(&args, &dev, dtype)
     })();
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -74,25 +75,18 @@ fn main() {
     }
 }
 
-struct Task<'a>(&'a Args);
-
-impl BackendTask for Task<'_> {
-    type Output = Result<(), String>;
-    fn run<B: NemotronBackend>(self, device: &B::Device) -> Self::Output {
-        run::<B>(self.0, device)
-    }
-}
-
-fn host<B: NemotronBackend>(t: Tensor<B, 2>) -> Vec<f32> {
+fn host(t: Tensor<2>) -> Vec<f32> {
     t.into_data()
         .convert::<f32>()
         .into_vec()
         .expect("f32 logits")
 }
 
-fn run<B: NemotronBackend>(a: &Args, dev: &B::Device) -> Result<(), String> {
-    let m = NemotronH::<B>::load(&a.model, dev).map_err(|e| e.to_string())?;
-    let v = m.config.vocab_size;
+fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
+    let m = NemotronH::load_as(&a.model, dev, dtype.burn()).map_err(|e| e.to_string())?;
+    // The dtype the model's tensors hold, not the one asked for: a mismatch must show.
+    println!("backend: {}, activations: {}", a.backend, dtype_name(m.dtype()));
+    let v = m.config().vocab_size;
     if let Some(bad) = a
         .prompt_ids
         .iter()

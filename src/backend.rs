@@ -1,8 +1,7 @@
-//! The backends and dtypes a user can ask for by name, and running generic code on the one asked
-//! for.
+//! The backends and dtypes a user can ask for by name, and the device that runs them.
 
 use crate::error::Error;
-use nemotron_kernels::NemotronBackend;
+use burn::tensor::{Device, FloatDType, Tensor};
 use std::str::FromStr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +26,7 @@ impl FromStr for BackendKind {
     }
 }
 
+/// An activation dtype a user can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DType {
     F32,
@@ -44,10 +44,24 @@ impl FromStr for DType {
     }
 }
 
-/// Code generic over the backend, run by [`BackendKind::run`] on the backend a user named.
-pub trait BackendTask {
-    type Output;
-    fn run<B: NemotronBackend>(self, device: &B::Device) -> Self::Output;
+impl DType {
+    /// Burn's dtype.
+    pub fn burn(self) -> burn::tensor::DType {
+        match self {
+            DType::F32 => burn::tensor::DType::F32,
+            DType::Bf16 => burn::tensor::DType::BF16,
+        }
+    }
+}
+
+/// Burn's float dtype by the name a user would type (`f32`, `bf16`, …).
+pub fn dtype_name(d: burn::tensor::DType) -> String {
+    match d {
+        burn::tensor::DType::F32 => "f32".into(),
+        burn::tensor::DType::BF16 => "bf16".into(),
+        burn::tensor::DType::F16 => "f16".into(),
+        other => format!("{other:?}"),
+    }
 }
 
 fn built() -> &'static str {
@@ -85,52 +99,55 @@ impl BackendKind {
         }
     }
 
-    /// Runs `task` on this backend with `dtype` (device 0).
-    pub fn run<T: BackendTask>(self, dtype: DType, task: T) -> Result<T::Output, Error> {
+    /// Device 0 of this backend, started, with `dtype` as its default float dtype where the
+    /// device's defaults are still open (the model creates every tensor in its own dtype either
+    /// way). Fails with one line when the backend is not built in or no device answers.
+    pub fn device(self, dtype: DType) -> Result<Device, Error> {
         self.check(dtype)?;
-        #[cfg(feature = "cuda")]
-        if self == BackendKind::Cuda {
-            probe::<nemotron_kernels::cube::CudaBackend<f32>>(
-                "CUDA (no driver or no GPU: libcuda could not be loaded or no device answered)",
-            )?;
-        }
-        #[cfg(feature = "wgpu")]
-        if self == BackendKind::Wgpu {
-            probe::<nemotron_kernels::cube::WgpuBackend>(
-                "wgpu (no adapter: install a Vulkan driver, e.g. mesa-vulkan-drivers)",
-            )?;
-        }
-        Ok(match (self, dtype) {
+        let mut device = match self {
+            BackendKind::NdArray => Device::ndarray(),
             #[cfg(feature = "wgpu")]
-            (BackendKind::Wgpu, DType::F32) => {
-                task.run::<nemotron_kernels::cube::WgpuBackend>(&Default::default())
-            }
+            BackendKind::Wgpu => Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
             #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, DType::F32) => {
-                task.run::<nemotron_kernels::cube::CudaBackend<f32>>(&Default::default())
+            BackendKind::Cuda => Device::cuda(0),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("checked: built in"),
+        };
+        let what = match self {
+            BackendKind::NdArray => "ndarray",
+            BackendKind::Cuda => {
+                "CUDA (no driver or no GPU: libcuda could not be loaded or no device answered)"
             }
-            #[cfg(feature = "cuda")]
-            (BackendKind::Cuda, DType::Bf16) => {
-                task.run::<nemotron_kernels::cube::CudaBackend<burn::tensor::bf16>>(
-                    &Default::default(),
-                )
+            BackendKind::Wgpu => {
+                "wgpu (no adapter: install a Vulkan driver, e.g. mesa-vulkan-drivers)"
             }
-            _ => task.run::<burn::backend::NdArray<f32>>(&Default::default()),
-        })
+        };
+        let float = match dtype {
+            DType::F32 => FloatDType::F32,
+            DType::Bf16 => FloatDType::BF16,
+        };
+        // Already initialized (an earlier call in this process): the defaults stay as they are.
+        let _ = device.configure(float);
+        probe(&device, dtype, what)?;
+        Ok(device)
     }
 }
 
-/// Starts the device once, turning the runtime's panic on a missing driver or device into an
-/// error (the panic message is kept out of the user's terminal).
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn probe<B: NemotronBackend>(what: &str) -> Result<(), Error> {
-    use burn::tensor::Tensor;
+/// Starts the device once in `dtype`, turning the runtime's panic on a missing driver or device
+/// into an error (the panic message is kept out of the user's terminal).
+fn probe(device: &Device, dtype: DType, what: &str) -> Result<(), Error> {
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let r = std::panic::catch_unwind(|| {
-        let t = Tensor::<B, 1>::zeros([1], &Default::default());
-        let _ = t.into_data();
+        let t = Tensor::<1>::zeros([1], (device, dtype.burn()));
+        t.into_data().dtype
     });
     std::panic::set_hook(hook);
-    r.map_err(|_| Error::Unavailable(format!("{what}")))
+    match r {
+        Ok(got) if got == dtype.burn() => Ok(()),
+        Ok(got) => Err(Error::Unavailable(format!(
+            "{what}: asked for {dtype:?}, the device made {got:?}"
+        ))),
+        Err(_) => Err(Error::Unavailable(what.to_string())),
+    }
 }

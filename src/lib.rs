@@ -5,7 +5,7 @@
 //! Token-level generation, runnable as is (a tiny synthetic checkpoint stands in for a real one):
 //!
 //! ```
-//! use burn::backend::NdArray;
+//! use burn::tensor::{DType, Device};
 //! use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 //! use nemotron::{GenerateOptions, NemotronH, Sampling};
 //!
@@ -13,8 +13,8 @@
 //! let opts = SynthOptions { recipe: SynthRecipe::LightningMixed, ..Default::default() };
 //! write_checkpoint(dir.path(), &Geometry::tiny(), &opts)?;
 //!
-//! let device = Default::default();
-//! let model = NemotronH::<NdArray<f32>>::load(dir.path(), &device)?;
+//! let device = Device::ndarray();
+//! let model = NemotronH::load_as(dir.path(), &device, DType::F32)?;
 //!
 //! // Streaming, one sequence.
 //! let gen = GenerateOptions { max_new_tokens: 8, ..Default::default() };
@@ -36,11 +36,11 @@
 //! Text in, streamed text out, with the checkpoint's tokenizer and chat template:
 //!
 //! ```no_run
-//! use burn::backend::NdArray;
+//! use burn::tensor::{DType, Device};
 //! use nemotron::{GenerateOptions, TextModel};
 //!
-//! let device = Default::default();
-//! let tm = TextModel::<NdArray<f32>>::load("/models/nemotron-3-nano", &device)?;
+//! let device = Device::ndarray();
+//! let tm = TextModel::load("/models/nemotron-3-nano", &device, DType::F32)?;
 //! let prompt = tm.chat_prompt(Some("You are terse."), "Name a prime.", Some(false))?;
 //! let opts = tm.default_options(64);
 //! let out = tm.generate_text(&prompt, opts, |piece| print!("{piece}"))?;
@@ -54,7 +54,7 @@ pub mod error;
 pub mod text;
 pub mod text_model;
 
-pub use backend::{BackendKind, BackendTask, DType};
+pub use backend::{dtype_name, BackendKind, DType};
 pub use chat::{ChatTemplate, Message};
 pub use error::Error;
 pub use nemotron_kernels as kernels;

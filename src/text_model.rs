@@ -3,7 +3,7 @@
 use crate::chat::{ChatTemplate, Message};
 use crate::error::Error;
 use crate::text::{TokenStream, Tokenizer};
-use nemotron_kernels::NemotronBackend;
+use burn::tensor::{DType, Device};
 use nemotron_loader::{Checkpoint, LoadOptions, LoadProgress};
 use nemotron_model::{GenerateOptions, NemotronH, Sampling, StopReason};
 use serde_json::Value;
@@ -94,24 +94,26 @@ impl TextGeneration {
 }
 
 /// A NemotronH model with the checkpoint's tokenizer, chat template and generation defaults.
-pub struct TextModel<B: NemotronBackend> {
-    pub model: NemotronH<B>,
+pub struct TextModel {
+    pub model: NemotronH,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<ChatTemplate>,
     pub defaults: GenerationDefaults,
     pub dir: PathBuf,
 }
 
-impl<B: NemotronBackend> TextModel<B> {
-    pub fn load(dir: impl AsRef<Path>, device: &B::Device) -> Result<Self, Error> {
-        Self::load_with_progress(dir, device, |_| {})
+impl TextModel {
+    /// Loads with activations in `dtype` (f32 on the host; f32, bf16 or f16 on device backends).
+    pub fn load(dir: impl AsRef<Path>, device: &Device, dtype: DType) -> Result<Self, Error> {
+        Self::load_with_progress(dir, device, dtype, |_| {})
     }
 
     /// Loads, calling `progress` after each tensor (for a progress bar on long loads). The
     /// tokenizer is checked first so a missing one fails before gigabytes are read.
     pub fn load_with_progress(
         dir: impl AsRef<Path>,
-        device: &B::Device,
+        device: &Device,
+        dtype: DType,
         progress: impl FnMut(LoadProgress),
     ) -> Result<Self, Error> {
         let dir = dir.as_ref();
@@ -124,7 +126,7 @@ impl<B: NemotronBackend> TextModel<B> {
             },
         )?;
         let defaults = GenerationDefaults::from_dir(dir, &ck.config.eos_token_ids)?;
-        let model = NemotronH::from_checkpoint(ck, device)?;
+        let model = NemotronH::from_checkpoint(ck, device, dtype)?;
         Ok(TextModel {
             model,
             tokenizer,

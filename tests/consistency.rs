@@ -7,7 +7,6 @@
 mod common;
 use common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
-use nemotron::model::NemotronH;
 
 const BAND: f32 = 1e-5;
 
@@ -15,12 +14,11 @@ const BAND: f32 = 1e-5;
 fn decode_equals_prefill_over_220_tokens() {
     // Every block type, grouped routing, W4A16 NVFP4 + FP8 W8A8 + BF16.
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 5);
-    let dev = Default::default();
-    let m = NemotronH::<B>::load(dir.path(), &dev).unwrap();
-    let toks = ids(220, m.config.vocab_size, 9);
+    let m = load_host(dir.path());
+    let toks = ids(220, m.config().vocab_size, 9);
     let mut s = m.new_state();
     let full = rows(m.forward_one(&toks, &mut s).unwrap());
-    let v = m.config.vocab_size;
+    let v = m.config().vocab_size;
     let mut s = m.new_state();
     // Prefill a first part, then decode the rest one token at a time.
     let mut inc = rows(m.forward_one(&toks[..13], &mut s).unwrap());
@@ -37,9 +35,8 @@ fn decode_equals_prefill_over_220_tokens() {
 #[test]
 fn ragged_batch_equals_single() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 6);
-    let dev = Default::default();
-    let m = NemotronH::<B>::load(dir.path(), &dev).unwrap();
-    let v = m.config.vocab_size;
+    let m = load_host(dir.path());
+    let v = m.config().vocab_size;
     let seqs: Vec<Vec<u32>> = [17usize, 5, 31]
         .iter()
         .enumerate()

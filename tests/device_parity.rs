@@ -16,15 +16,13 @@
 //! wrong model (dt clamp for f32, a RoPE rotation for bf16) must land outside it on the same
 //! backend.
 //!
-//! Burn keeps one default float dtype per physical device for the whole process (the first
-//! backend to touch it wins): the CUDA f32 and bf16 tests must run in separate processes
-//! (filters `cuda_f32` / `cuda_bf16`); each test checks the dtype it really got and fails if not.
+//! Every model builds each tensor in its own activation dtype, so f32 and bf16 models share a
+//! process and a device; each test still checks the dtype its model really holds.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 mod common;
-use burn::tensor::Element;
+use burn::tensor::{DType, Device};
 use common::*;
-use nemotron::kernels::NemotronBackend;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::{Deviations, NemotronH};
 
@@ -96,30 +94,24 @@ fn hf_bf16_drift(name: &str, suffix: &str) -> (f32, f32) {
     (diff(&b, &f.prefill).0, diff(&bd, &f.decode).0)
 }
 
-/// The test really runs in `Bk`'s float dtype (see the module note on Burn's per-device dtype).
-fn check_dtype<Bk: NemotronBackend>(m: &NemotronH<Bk>) {
-    let want = <Bk::FloatElem as Element>::dtype();
-    let got = m.embeddings.dtype();
-    assert_eq!(
-        got, want,
-        "this process already set the device's float dtype to {got:?} (Burn locks it at first \
-         use): run the f32 and bf16 CUDA tests in separate processes"
-    );
+/// The model really runs in `want` (its tensors hold it).
+fn check_dtype(m: &NemotronH, want: DType) {
+    assert_eq!(m.dtype(), want, "the model was asked for {want:?}");
 }
 
-/// Per-row errors of a fixture on backend `Bk`: (prefill rows, decode rows, logit scale).
-fn hf<Bk: NemotronBackend>(
-    dev: &Bk::Device,
+/// Per-row errors of a fixture on `dev` in `dtype`: (prefill rows, decode rows, logit scale).
+fn hf(
+    dev: &Device,
+    dtype: DType,
     name: &str,
     suffix: &str,
     d: Deviations,
 ) -> (Vec<f32>, Vec<f32>, f32) {
-    let m = NemotronH::<Bk>::load_with_deviations(fixture(name), dev, d).unwrap();
-    check_dtype(&m);
+    let m = NemotronH::load_with_deviations(fixture(name), dev, dtype, d).unwrap();
+    check_dtype(&m, dtype);
     let (p, dd, scale) = compare_rows(&m, &reference(name, suffix));
     eprintln!(
-        "{} {name}{suffix} {d:?}: prefill max |Δ| {:.3e}, decode {:.3e}, scale {scale:.3}",
-        std::any::type_name::<Bk>(),
+        "{dev:?} {dtype:?} {name}{suffix} {d:?}: prefill max |Δ| {:.3e}, decode {:.3e}, scale {scale:.3}",
         max(&p),
         max(&dd)
     );
@@ -140,10 +132,10 @@ fn outside(rows: &[f32], lim: f32) -> (usize, f32) {
     (n, inside)
 }
 
-/// Every HF fixture within its band on backend `Bk`; W8A8 against `w8a8`.
-pub fn hf_fixtures_match<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, w8a8: Band) {
+/// Every HF fixture within its band on `dev` in `dtype`; W8A8 against `w8a8`.
+pub fn hf_fixtures_match(dev: &Device, dtype: DType, band: Band, w8a8: Band) {
     let check = |name: &str, suffix: &str, d: Deviations, band: Band| {
-        let (p, dd, s) = hf::<Bk>(dev, name, suffix, d);
+        let (p, dd, s) = hf(dev, dtype, name, suffix, d);
         let lim = band.limit(name, suffix, s);
         let drift = hf_bf16_drift(name, suffix);
         let ((np, ip), (nd, id)) = (outside(&p, lim), outside(&dd, lim));
@@ -177,8 +169,8 @@ pub fn hf_fixtures_match<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, w8a8
 
 /// The band rejects a plausible wrong model on this backend: more rows beyond it than the band
 /// forgives, on prefill and on decode.
-pub fn band_is_armed<Bk: NemotronBackend>(dev: &Bk::Device, band: Band, wrong: Deviations) {
-    let (p, dd, s) = hf::<Bk>(dev, "all_letters", "", wrong);
+pub fn band_is_armed(dev: &Device, dtype: DType, band: Band, wrong: Deviations) {
+    let (p, dd, s) = hf(dev, dtype, "all_letters", "", wrong);
     let lim = band.limit("all_letters", "", s);
     let (np, nd) = (outside(&p, lim).0, outside(&dd, lim).0);
     let (ap, ad) = band.flip_rows("all_letters", "", lim);
@@ -212,31 +204,31 @@ pub fn rope() -> Deviations {
 
 /// Same synthetic checkpoint (all block types; the Lightning recipe has W4A16 NVFP4 + FP8 W8A8 +
 /// BF16) on the host and on the device: prefill over 37 tokens and 12 decode steps.
-pub fn device_matches_host<Bk: NemotronBackend>(
-    dev: &Bk::Device,
+pub fn device_matches_host(
+    dev: &Device,
+    dtype: DType,
     recipe: SynthRecipe,
     rel: f32,
     flip_rows: usize,
 ) {
     let dir = synth(recipe, &Geometry::tiny(), 31);
-    let host = NemotronH::<B>::load(dir.path(), &Default::default()).unwrap();
-    let m = NemotronH::<Bk>::load(dir.path(), dev).unwrap();
-    check_dtype(&m);
+    let host = load_host(dir.path());
+    let m = NemotronH::load_as(dir.path(), dev, dtype).unwrap();
+    check_dtype(&m, dtype);
     let toks = ids(49, 256, 77);
     let (mut sh, mut sd) = (host.new_state(), m.new_state());
     let mut h = rows(host.forward_one(&toks[..37], &mut sh).unwrap());
-    let mut d = rows_any(m.forward_one(&toks[..37], &mut sd).unwrap());
+    let mut d = rows(m.forward_one(&toks[..37], &mut sd).unwrap());
     for &t in &toks[37..] {
         h.extend(rows(host.forward_one(&[t], &mut sh).unwrap()));
-        d.extend(rows_any(m.forward_one(&[t], &mut sd).unwrap()));
+        d.extend(rows(m.forward_one(&[t], &mut sd).unwrap()));
     }
     let (worst, scale) = diff(&d, &h);
-    let v = host.config.vocab_size;
+    let v = host.config().vocab_size;
     let (n_out, inside) = outside(&row_diffs(&d, &h, v), rel * scale);
     eprintln!(
-        "{} vs NdArray: max |Δ| {worst:.3e} at scale {scale:.3}; rows beyond {:.3e}: {n_out}/{} \
-         (allowed {flip_rows}), largest inside {inside:.3e}",
-        std::any::type_name::<Bk>(),
+        "{dev:?} {dtype:?} vs NdArray: max |Δ| {worst:.3e} at scale {scale:.3}; rows beyond \
+         {:.3e}: {n_out}/{} (allowed {flip_rows}), largest inside {inside:.3e}",
         rel * scale,
         d.len() / v
     );
@@ -251,14 +243,14 @@ pub fn device_matches_host<Bk: NemotronBackend>(
 
 /// Prints where the device arm leaves the host: max |Δ| of the residual stream after each block,
 /// relative to its scale (printed only when a comparison has failed).
-fn layer_trace<Bk: NemotronBackend>(host: &NemotronH<B>, m: &NemotronH<Bk>, toks: &[u32]) {
+fn layer_trace(host: &NemotronH, m: &NemotronH, toks: &[u32]) {
     let h = host.trace(toks, &mut host.new_state()).unwrap();
     let d = m.trace(toks, &mut m.new_state()).unwrap();
     let kinds: Vec<char> = std::iter::once('E')
-        .chain(host.config.layers.iter().map(|k| k.letter()))
+        .chain(host.config().layers.iter().map(|k| k.letter()))
         .collect();
     for (i, (a, b)) in h.into_iter().zip(d).enumerate() {
-        let (diff, scale) = diff(&rows_any(b), &rows(a));
+        let (diff, scale) = diff(&rows(b), &rows(a));
         eprintln!(
             "  after {:>2} {}: max |Δ| {diff:.3e} at scale {scale:.3} ({:.2e} relative)",
             i,
@@ -271,97 +263,120 @@ fn layer_trace<Bk: NemotronBackend>(host: &NemotronH<B>, m: &NemotronH<Bk>, toks
 #[cfg(feature = "wgpu")]
 mod wgpu {
     use super::{Band, SynthRecipe, F32_BAND, W8A8_BAND};
-    use nemotron::kernels::cube::WgpuBackend as W;
+    use burn::tensor::{DType, Device, DeviceKind};
+    fn dev() -> Device {
+        Device::wgpu(DeviceKind::DefaultDevice)
+    }
     #[test]
     fn wgpu_f32_matches_hf() {
-        super::hf_fixtures_match::<W>(
-            &Default::default(),
-            Band::Rel(F32_BAND),
-            Band::Abs(W8A8_BAND),
-        );
+        super::hf_fixtures_match(&dev(), DType::F32, Band::Rel(F32_BAND), Band::Abs(W8A8_BAND));
     }
     #[test]
     fn wgpu_f32_band_is_armed() {
-        super::band_is_armed::<W>(&Default::default(), Band::Rel(F32_BAND), super::dt_clamp());
+        super::band_is_armed(&dev(), DType::F32, Band::Rel(F32_BAND), super::dt_clamp());
     }
     #[test]
     fn wgpu_f32_matches_host() {
-        super::device_matches_host::<W>(
-            &Default::default(),
-            SynthRecipe::LightningMixed,
-            F32_BAND,
-            0,
-        );
+        super::device_matches_host(&dev(), DType::F32, SynthRecipe::LightningMixed, F32_BAND, 0);
     }
 }
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{Band, SynthRecipe, BF16_DRIFTS, F32_BAND, W8A8_BAND};
-    use burn::tensor::bf16;
-    use nemotron::kernels::cube::CudaBackend;
+    use burn::tensor::{DType, Device};
+    fn dev() -> Device {
+        Device::cuda(0)
+    }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_f32_matches_hf() {
-        super::hf_fixtures_match::<CudaBackend<f32>>(
-            &Default::default(),
-            Band::Rel(F32_BAND),
-            Band::Abs(W8A8_BAND),
-        );
+        super::hf_fixtures_match(&dev(), DType::F32, Band::Rel(F32_BAND), Band::Abs(W8A8_BAND));
     }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_f32_band_is_armed() {
-        super::band_is_armed::<CudaBackend<f32>>(
-            &Default::default(),
-            Band::Rel(F32_BAND),
-            super::dt_clamp(),
-        );
+        super::band_is_armed(&dev(), DType::F32, Band::Rel(F32_BAND), super::dt_clamp());
     }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_f32_matches_host() {
-        super::device_matches_host::<CudaBackend<f32>>(
-            &Default::default(),
-            SynthRecipe::LightningMixed,
-            F32_BAND,
-            0,
-        );
+        super::device_matches_host(&dev(), DType::F32, SynthRecipe::LightningMixed, F32_BAND, 0);
     }
     /// W8A8 under bf16 is chaotic against f32 goldens (HF's own bf16 run lands 3.0 away at logit
     /// scale 4: each bf16 rounding can flip an E4M3 activation code); the W8A16 goldens carry the
     /// FP8 check there, W8A8 only has to stay within 1.5 × HF's own worst drift (a weak check,
     /// said so).
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_bf16_matches_hf() {
-        super::hf_fixtures_match::<CudaBackend<bf16>>(
-            &Default::default(),
+        super::hf_fixtures_match(
+            &dev(),
+            DType::BF16,
             Band::HfBf16(BF16_DRIFTS),
             Band::HfBf16Worst(1.5),
         );
     }
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_bf16_band_is_armed() {
-        super::band_is_armed::<CudaBackend<bf16>>(
-            &Default::default(),
-            Band::HfBf16(BF16_DRIFTS),
-            super::rope(),
-        );
+        super::band_is_armed(&dev(), DType::BF16, Band::HfBf16(BF16_DRIFTS), super::rope());
     }
     /// The host comparison uses the NVFP4 recipe (W8A8 under bf16 is chaotic, see above); the
     /// band is the widest HF-drift band of the fixtures relative to their scale (2 × 0.064 / 3.72
     /// on all_letters), with `BF16_FLIP_ROWS` rows forgiven for routing flips (no HF bf16 run
     /// exists for a synthetic checkpoint to count its own).
     #[test]
-    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored (f32 and bf16 in separate processes)"]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_bf16_matches_host() {
-        super::device_matches_host::<CudaBackend<bf16>>(
-            &Default::default(),
+        super::device_matches_host(
+            &dev(),
+            DType::BF16,
             SynthRecipe::NanoNvfp4,
             3.5e-2,
             super::BF16_FLIP_ROWS,
         );
+    }
+
+    /// The `parity` example, end to end as a user runs it, with `--dtype bf16` and `--dtype f32`
+    /// on the same fixture: it must report the dtype asked for, and the bf16 logits must differ
+    /// from the f32 ones (a bf16 request that silently ran f32 gives bit-identical logits).
+    /// Needs the example built next to this test (`cargo build --release --examples`).
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_parity_example_runs_the_dtype_asked_for() {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .map(|dir| dir.join("examples/parity"))
+            .unwrap();
+        assert!(bin.exists(), "{} is missing: build the examples first", bin.display());
+        let tmp = tempfile::tempdir().unwrap();
+        let run = |dtype: &str| -> (String, Vec<u8>) {
+            let out = tmp.path().join(format!("{dtype}.safetensors"));
+            let o = std::process::Command::new(&bin)
+                .args(["--backend", "cuda", "--dtype", dtype, "--prompt-ids", "3,5,7,11,13"])
+                .args(["--force-ids", "17,19,23"])
+                .arg("--model")
+                .arg(super::fixture("all_letters"))
+                .arg("--out")
+                .arg(&out)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+            assert!(
+                o.status.success(),
+                "parity --dtype {dtype} failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            (stdout, std::fs::read(out).unwrap())
+        };
+        let (say32, f32s) = run("f32");
+        let (say16, bf16s) = run("bf16");
+        eprintln!("f32 run: {say32}bf16 run: {say16}");
+        assert!(say32.contains("activations: f32"), "f32 run reported: {say32}");
+        assert!(say16.contains("activations: bf16"), "bf16 run reported: {say16}");
+        assert_ne!(f32s, bf16s, "--dtype bf16 wrote the f32 run's logits bit for bit");
     }
 }

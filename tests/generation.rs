@@ -6,15 +6,15 @@
 mod common;
 use common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
-use nemotron::model::generate::{filtered_probs, pick};
+use nemotron::model::sampling::{filtered_probs, pick};
 use nemotron::{
     BackendKind, ChatTemplate, DType, Error, GenerateOptions, Message, NemotronH, Sampling,
     StopReason, TextModel, TokenStream, Tokenizer,
 };
 
-fn model() -> (tempfile::TempDir, NemotronH<B>) {
+fn model() -> (tempfile::TempDir, NemotronH) {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);
-    let m = NemotronH::<B>::load(dir.path(), &Default::default()).unwrap();
+    let m = load_host(dir.path());
     (dir, m)
 }
 
@@ -37,11 +37,11 @@ fn greedy_generation_equals_the_parity_path_argmax() {
     assert_eq!(g.stop, StopReason::MaxTokens);
     // The parity path: one prefill, then teacher-forced single steps with the same tokens.
     let mut s = m.new_state();
-    let mut want = vec![nemotron::model::generate::argmax(
+    let mut want = vec![nemotron::model::sampling::argmax(
         &nemotron::model::generate::last_row(m.forward_one(&prompt, &mut s).unwrap()),
     )];
     for &t in &g.tokens[..19] {
-        want.push(nemotron::model::generate::argmax(&rows(
+        want.push(nemotron::model::sampling::argmax(&rows(
             m.forward_one(&[t], &mut s).unwrap(),
         )));
     }
@@ -255,7 +255,7 @@ fn streaming_never_breaks_a_character_and_concatenates_to_the_decode() {
 fn text_generation_streams_the_decode_of_its_tokens() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);
     add_text_files(dir.path(), 4);
-    let tm = TextModel::<B>::load(dir.path(), &Default::default()).unwrap();
+    let tm = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32).unwrap();
     assert_eq!(tm.defaults.eos_token_ids, vec![2, 4]);
     let prompt = tm
         .chat_prompt(Some("Be brief."), "Hi", Some(false))
@@ -340,7 +340,7 @@ fn template_errors_are_one_line() {
 #[test]
 fn missing_tokenizer_is_named() {
     let dir = synth(SynthRecipe::Bf16, &Geometry::tiny(), 1);
-    let e = TextModel::<B>::load(dir.path(), &Default::default())
+    let e = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32)
         .err()
         .expect("no tokenizer")
         .to_string();
@@ -352,7 +352,7 @@ fn no_chat_template_is_named() {
     let dir = synth(SynthRecipe::Bf16, &Geometry::tiny(), 1);
     add_text_files(dir.path(), 4);
     std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();
-    let tm = TextModel::<B>::load(dir.path(), &Default::default()).unwrap();
+    let tm = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32).unwrap();
     let e = tm.chat_prompt(None, "x", None).unwrap_err().to_string();
     assert!(e.contains("no chat template"), "{e}");
 }

@@ -15,6 +15,7 @@
 
 mod common;
 use common::*;
+use burn::tensor::DType;
 use nemotron::model::{Deviations, NemotronH};
 
 const BAND: f32 = 1e-5;
@@ -26,8 +27,7 @@ fn check(
     band_abs: impl Fn(f32) -> f32,
     dev_opts: Deviations,
 ) -> (f32, f32, f32) {
-    let dev = Default::default();
-    let m = NemotronH::<B>::load_with_deviations(fixture(name), &dev, dev_opts).unwrap();
+    let m = NemotronH::load_with_deviations(fixture(name), &host(), DType::F32, dev_opts).unwrap();
     let r = reference(name, suffix);
     assert!(r.decode_ids.len() >= 25);
     let (dp, dd, scale) = compare(&m, &r);
@@ -187,7 +187,7 @@ fn counterfactual_swapped_nibbles_is_caught() {
         }
     }
     std::fs::write(&p, &buf).unwrap();
-    let m = NemotronH::<B>::load(tmp.path(), &Default::default()).unwrap();
+    let m = load_host(tmp.path());
     let (dp, dd, scale) = compare(&m, &reference("nano_nvfp4", ""));
     eprintln!("swapped nibbles: prefill {dp:.3e}, decode {dd:.3e}");
     assert!(dp > 10.0 * rel(scale) && dd > 10.0 * rel(scale));

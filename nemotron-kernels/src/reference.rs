@@ -2,8 +2,52 @@
 //! description as literally as possible. The NdArray backend runs these; device kernels are tested
 //! against them.
 
-use crate::{Fp8Matrix, Nvfp4Matrix, ScanDims};
+use crate::{Epilogue, Fp8Matrix, Nvfp4Matrix, RouteConfig, ScanDims, MASKED_SCORE};
 use nemotron_formats as fmt;
+
+/// A borrowed NVFP4 matrix: the shipped bytes (see [`Nvfp4Matrix`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Nvfp4View<'a> {
+    pub out_features: usize,
+    pub in_features: usize,
+    pub packed: &'a [u8],
+    pub block_scales: &'a [u8],
+    pub global_scale: f32,
+}
+
+/// A borrowed per-tensor FP8 matrix (see [`Fp8Matrix`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8View<'a> {
+    pub out_features: usize,
+    pub in_features: usize,
+    pub weight: &'a [u8],
+    pub weight_scale: f32,
+    pub input_scale: f32,
+}
+
+impl Nvfp4Matrix {
+    pub fn view(&self) -> Nvfp4View<'_> {
+        Nvfp4View {
+            out_features: self.out_features,
+            in_features: self.in_features,
+            packed: &self.packed,
+            block_scales: &self.block_scales,
+            global_scale: self.global_scale,
+        }
+    }
+}
+
+impl Fp8Matrix {
+    pub fn view(&self) -> Fp8View<'_> {
+        Fp8View {
+            out_features: self.out_features,
+            in_features: self.in_features,
+            weight: &self.weight,
+            weight_scale: self.weight_scale,
+            input_scale: self.input_scale,
+        }
+    }
+}
 
 /// Runs `f(row_range)` over `n` rows split across the machine's cores, collecting each part.
 fn par_rows<T: Send>(n: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sync) -> Vec<T> {
@@ -62,7 +106,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// NVFP4 weight-only linear.
-pub fn nvfp4_linear(x: &[f32], rows: usize, w: &Nvfp4Matrix) -> Vec<f32> {
+pub fn nvfp4_linear(x: &[f32], rows: usize, w: &Nvfp4View) -> Vec<f32> {
     let k = w.in_features;
     assert_eq!(
         x.len(),
@@ -114,21 +158,21 @@ pub fn nvfp4_expert_linear(
     x: &[f32],
     experts: &[usize],
     div: usize,
-    w: &[Nvfp4Matrix],
+    w: &[Nvfp4View],
 ) -> Vec<f32> {
     let shape = (w[0].in_features, w[0].out_features);
     expert_linear(x, experts, div, w, shape, nvfp4_linear)
 }
 
 /// Routed-expert FP8 W8A8 linear (slots grouped by expert, as in `expert_linear`).
-pub fn fp8_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Fp8Matrix]) -> Vec<f32> {
+pub fn fp8_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Fp8View]) -> Vec<f32> {
     let shape = (w[0].in_features, w[0].out_features);
     expert_linear(x, experts, div, w, shape, fp8_linear)
 }
 
 /// Static per-tensor FP8 W8A8 linear (vLLM's ModelOpt FP8 path): the activation is quantized
 /// with the static input scale, the E4M3 products are accumulated, then scaled once.
-pub fn fp8_linear(x: &[f32], rows: usize, w: &Fp8Matrix) -> Vec<f32> {
+pub fn fp8_linear(x: &[f32], rows: usize, w: &Fp8View) -> Vec<f32> {
     let k = w.in_features;
     assert_eq!(x.len(), rows * k, "fp8_linear: x is not rows × in_features");
     let xq: Vec<f32> = x
@@ -154,7 +198,7 @@ fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
 
-/// Causal depthwise conv + bias + SiLU. Shapes as in [`crate::NemotronBackend::causal_conv1d`].
+/// Causal depthwise conv + bias + SiLU. Shapes as in [`crate::NemotronOps::causal_conv1d`].
 #[allow(clippy::too_many_arguments)]
 pub fn causal_conv1d(
     x: &[f32],
@@ -203,7 +247,7 @@ pub fn causal_conv1d(
     (y, new_state)
 }
 
-/// The selective scan, token by token. Shapes as in [`crate::NemotronBackend::selective_scan`].
+/// The selective scan, token by token. Shapes as in [`crate::NemotronOps::selective_scan`].
 #[allow(clippy::too_many_arguments)]
 pub fn selective_scan(
     x: &[f32],
@@ -249,4 +293,124 @@ pub fn selective_scan(
         }
     }
     (y, s)
+}
+
+/// `epi` applied to every element.
+pub fn epilogue(mut y: Vec<f32>, epi: Epilogue) -> Vec<f32> {
+    if epi != Epilogue::None {
+        y.iter_mut().for_each(|v| *v = epi.apply(*v));
+    }
+    y
+}
+
+/// Group RMSNorm, optionally gated, over `rows × h` (see [`crate::NemotronOps::rms_norm`]).
+pub fn rms_norm(
+    x: &[f32],
+    gate: Option<&[f32]>,
+    weight: &[f32],
+    h: usize,
+    groups: usize,
+    eps: f64,
+) -> Vec<f32> {
+    let per = h / groups;
+    let mut y = vec![0f32; x.len()];
+    for (r, row) in x.chunks(h).enumerate() {
+        for g in 0..groups {
+            let cols = g * per..(g + 1) * per;
+            let u: Vec<f32> = cols
+                .clone()
+                .map(|c| match gate {
+                    Some(z) => row[c] * silu(z[r * h + c]),
+                    None => row[c],
+                })
+                .collect();
+            let mean = u.iter().map(|v| v * v).sum::<f32>() / per as f32;
+            let inv = 1.0 / (mean + eps as f32).sqrt();
+            for (i, c) in cols.enumerate() {
+                y[r * h + c] = u[i] * inv * weight[c];
+            }
+        }
+    }
+    y
+}
+
+/// Index of the largest value (the lowest index on ties), among `allowed`.
+fn best(v: &[f32], allowed: impl Fn(usize) -> bool) -> usize {
+    let mut b = usize::MAX;
+    for (i, &x) in v.iter().enumerate() {
+        if allowed(i) && (b == usize::MAX || x > v[b]) {
+            b = i;
+        }
+    }
+    b
+}
+
+/// MoE routing over `logits` `[n, e]` (see [`crate::NemotronOps::moe_route`]): `(indices, weights)`
+/// `[n, top_k]` each, experts in order of decreasing biased score, ties to the lower index.
+pub fn moe_route(logits: &[f32], bias: &[f32], c: &RouteConfig) -> (Vec<i32>, Vec<f32>) {
+    let e = bias.len();
+    let per = e / c.n_group;
+    let mut idx = Vec::with_capacity(logits.len() / e * c.top_k);
+    let mut wts = Vec::with_capacity(idx.capacity());
+    for row in logits.chunks(e) {
+        let scores: Vec<f32> = row.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect();
+        let mut choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+        if c.n_group > 1 {
+            // A group scores the sum of its two best biased scores (its only one, if it has one).
+            let group_score: Vec<f32> = choice
+                .chunks(per)
+                .map(|g| {
+                    let first = best(g, |_| true);
+                    let second = best(g, |i| i != first);
+                    g[first] + if second == usize::MAX { 0.0 } else { g[second] }
+                })
+                .collect();
+            let mut keep = vec![false; c.n_group];
+            for _ in 0..c.topk_group {
+                let g = best(&group_score, |g| !keep[g]);
+                keep[g] = true;
+            }
+            for (i, v) in choice.iter_mut().enumerate() {
+                if !keep[i / per] {
+                    *v = MASKED_SCORE;
+                }
+            }
+        }
+        let mut chosen: Vec<usize> = Vec::with_capacity(c.top_k);
+        for _ in 0..c.top_k {
+            let b = best(&choice, |i| !chosen.contains(&i));
+            chosen.push(b);
+        }
+        let mut w: Vec<f32> = chosen
+            .iter()
+            .map(|&i| {
+                if c.weights_from_biased {
+                    choice[i]
+                } else {
+                    scores[i]
+                }
+            })
+            .collect();
+        if c.norm_topk_prob {
+            let sum: f32 = w.iter().sum();
+            w.iter_mut().for_each(|v| *v /= sum + 1e-20);
+        }
+        idx.extend(chosen.iter().map(|&i| i as i32));
+        wts.extend(w.iter().map(|v| v * c.routed_scaling_factor));
+    }
+    (idx, wts)
+}
+
+/// `softplus(dt + bias[h])` as `max(x, 0) + log1p(exp(−|x|))`, then `max(·, min)` where given,
+/// over `[.., h]`.
+pub fn dt_softplus(dt: &[f32], bias: &[f32], min: Option<f32>) -> Vec<f32> {
+    let h = bias.len();
+    dt.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let x = v + bias[i % h];
+            let y = x.max(0.0) + (-x.abs()).exp().ln_1p();
+            min.map_or(y, |m| y.max(m))
+        })
+        .collect()
 }

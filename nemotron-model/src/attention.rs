@@ -3,47 +3,71 @@
 use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::util::from_vec;
-use burn::tensor::{activation::softmax, Bool, Tensor, TensorData};
-use nemotron_kernels::NemotronBackend;
+use burn::tensor::{activation::softmax, Bool, DType, Device, Tensor, TensorData};
+use nemotron_kernels::{ops, Epilogue};
+use nemotron_loader::config::AttentionConfig;
+use nemotron_loader::AttentionWeights;
 
 /// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
 const MASKED: f32 = -1.0e30;
 
 #[derive(Debug, Clone)]
-pub struct Attention<B: NemotronBackend> {
-    pub q: Linear<B>,
-    pub k: Linear<B>,
-    pub v: Linear<B>,
-    pub o: Linear<B>,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
     /// FP8 KV-cache scales shipped with the checkpoint. The cache here is kept in the activation
-    /// dtype, so they are not applied (recorded for the report and for an FP8 cache later).
+    /// dtype, so they are not applied (recorded for an FP8 cache later).
     pub kv_scales: Option<(f32, f32)>,
+    /// Rotary embeddings with this base (a deviation; `None` for the model).
+    rope_theta: Option<f32>,
 }
 
-impl<B: NemotronBackend> Attention<B> {
+impl Attention {
+    pub fn from_weights(
+        w: AttentionWeights,
+        cfg: &AttentionConfig,
+        dev: &Device,
+        dtype: DType,
+        rope_theta: Option<f32>,
+    ) -> Self {
+        Attention {
+            q: Linear::from_weight(w.q, dev, dtype),
+            k: Linear::from_weight(w.k, dev, dtype),
+            v: Linear::from_weight(w.v, dev, dtype),
+            o: Linear::from_weight(w.o, dev, dtype),
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            kv_scales: w.k_scale.zip(w.v_scale),
+            rope_theta,
+        }
+    }
+
     pub fn forward(
         &self,
-        h: Tensor<B, 3>,
+        h: Tensor<3>,
         lens: &[usize],
-        states: &mut [&mut SequenceState<B>],
+        states: &mut [&mut SequenceState],
         layer: usize,
-        rope_theta: Option<f32>,
-    ) -> Tensor<B, 3> {
+    ) -> Tensor<3> {
         let [bsz, t, _] = h.dims();
         let dev = h.device();
+        let dtype = h.dtype();
         let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let q = self.q.forward(h.clone());
-        let k = self.k.forward(h.clone());
-        let v = self.v.forward(h);
+        let q = self.q.forward(h.clone(), Epilogue::None);
+        let k = self.k.forward(h.clone(), Epilogue::None);
+        let v = self.v.forward(h, Epilogue::None);
         let scale = (hd as f64).powf(-0.5);
         let mut outs = Vec::with_capacity(bsz);
         for (b, st) in states.iter_mut().enumerate() {
             let len = lens[b];
             let past = st.position;
-            let per_head = |x: Tensor<B, 3>, heads: usize| -> Tensor<B, 3> {
+            let per_head = |x: Tensor<3>, heads: usize| -> Tensor<3> {
                 x.slice_dim(0, b..b + 1)
                     .slice_dim(1, 0..len)
                     .reshape([len, heads, hd])
@@ -52,7 +76,7 @@ impl<B: NemotronBackend> Attention<B> {
             let mut qb = per_head(q.clone(), nh);
             let mut kb = per_head(k.clone(), kvh);
             let vb = per_head(v.clone(), kvh);
-            if let Some(theta) = rope_theta {
+            if let Some(theta) = self.rope_theta {
                 qb = rope(qb, past, theta);
                 kb = rope(kb, past, theta);
             }
@@ -72,42 +96,46 @@ impl<B: NemotronBackend> Attention<B> {
             let s = past + len;
             // Query head i reads kv head i / (nh / kvh).
             let rep = nh / kvh;
-            let expand = |x: Tensor<B, 3>| -> Tensor<B, 3> {
+            let expand = |x: Tensor<3>| -> Tensor<3> {
                 x.unsqueeze_dim::<4>(1)
                     .expand([kvh, rep, s, hd])
                     .reshape([nh, s, hd])
             };
-            let scores = B::matmul(qb, expand(kall).swap_dims(1, 2)) * scale;
-            let mask: Vec<bool> = (0..len)
-                .flat_map(|i| (0..s).map(move |j| j > past + i))
-                .collect();
-            let mask = Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
-                .unsqueeze::<3>()
-                .expand([nh, len, s]);
+            let scores = ops::matmul(qb, expand(kall).swap_dims(1, 2)) * scale;
             // Softmax in f32 whatever the activation dtype, then back for the value product.
-            let probs = crate::util::from_f32(
-                softmax(crate::util::to_f32(scores).mask_fill(mask, MASKED), 2),
-                vall.dtype(),
-            );
-            let o = B::matmul(probs, expand(vall))
+            let scores = crate::util::to_f32(scores);
+            // A single new token sees every key: no mask (and no host write in a decode step).
+            let scores = if len > 1 {
+                let mask: Vec<bool> = (0..len)
+                    .flat_map(|i| (0..s).map(move |j| j > past + i))
+                    .collect();
+                let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
+                    .unsqueeze::<3>()
+                    .expand([nh, len, s]);
+                scores.mask_fill(mask, MASKED)
+            } else {
+                scores
+            };
+            let probs = crate::util::from_f32(softmax(scores, 2), vall.dtype());
+            let o = ops::matmul(probs, expand(vall))
                 .swap_dims(0, 1)
                 .reshape([len, nh * hd]);
             let o = if len < t {
-                Tensor::cat(vec![o, Tensor::zeros([t - len, nh * hd], &dev)], 0)
+                Tensor::cat(vec![o, Tensor::zeros([t - len, nh * hd], (&dev, dtype))], 0)
             } else {
                 o
             };
             outs.push(o);
         }
-        self.o.forward(crate::util::stack(outs))
+        self.o.forward(crate::util::stack(outs), Epilogue::None)
     }
 }
 
 /// Rotary embedding over the full head dim (half-split convention) — only for the RoPE deviation.
-fn rope<B: NemotronBackend>(x: Tensor<B, 3>, start: usize, theta: f32) -> Tensor<B, 3> {
+fn rope(x: Tensor<3>, start: usize, theta: f32) -> Tensor<3> {
     let [h, len, hd] = x.dims();
     let half = hd / 2;
-    let dev = x.device();
+    let (dev, dtype) = (x.device(), x.dtype());
     let mut cos = Vec::with_capacity(len * half);
     let mut sin = Vec::with_capacity(len * half);
     for pos in start..start + len {
@@ -117,10 +145,10 @@ fn rope<B: NemotronBackend>(x: Tensor<B, 3>, start: usize, theta: f32) -> Tensor
             sin.push(f.sin());
         }
     }
-    let cos = from_vec::<B, 2>(cos, [len, half], &dev)
+    let cos = from_vec::<2>(cos, [len, half], &dev, dtype)
         .unsqueeze::<3>()
         .expand([h, len, half]);
-    let sin = from_vec::<B, 2>(sin, [len, half], &dev)
+    let sin = from_vec::<2>(sin, [len, half], &dev, dtype)
         .unsqueeze::<3>()
         .expand([h, len, half]);
     let x1 = x.clone().slice_dim(2, 0..half);

@@ -1,43 +1,91 @@
 //! A pre-norm residual block with one mixer: `x + mixer(RMSNorm(x))`.
 
 use crate::attention::Attention;
-use crate::cache::SequenceState;
+use crate::cache::{LayerState, SequenceState};
 use crate::mamba2::Mamba2;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::norm::RmsNorm;
+use crate::util::float;
 use crate::Deviations;
-use burn::tensor::Tensor;
-use nemotron_kernels::NemotronBackend;
+use burn::tensor::{DType, Device, Tensor};
+use nemotron_loader::{LayerWeights, MixerWeights, NemotronHConfig};
 
 #[derive(Debug, Clone)]
-pub enum Mixer<B: NemotronBackend> {
-    Mamba(Mamba2<B>),
-    Moe(Moe<B>),
-    Attention(Attention<B>),
-    Mlp(Mlp<B>),
+pub enum Mixer {
+    Mamba(Mamba2),
+    Moe(Moe),
+    Attention(Attention),
+    Mlp(Mlp),
 }
 
 #[derive(Debug, Clone)]
-pub struct Block<B: NemotronBackend> {
-    pub norm: RmsNorm<B>,
-    pub mixer: Mixer<B>,
+pub struct Block {
+    norm: RmsNorm,
+    mixer: Mixer,
 }
 
-impl<B: NemotronBackend> Block<B> {
+impl Block {
+    /// Builds a block from its loaded weights; the config was validated by the loader, so every
+    /// mixer kind present has its section.
+    pub fn from_weights(
+        w: LayerWeights,
+        cfg: &NemotronHConfig,
+        dev: &Device,
+        dtype: DType,
+        dv: &Deviations,
+    ) -> Self {
+        let eps = cfg.norm_eps;
+        let section = |what: &str| -> ! { panic!("validated config has no {what} section") };
+        let mixer = match w.mixer {
+            MixerWeights::Mamba(m) => {
+                let c = cfg.mamba.as_ref().unwrap_or_else(|| section("mamba"));
+                Mixer::Mamba(Mamba2::from_weights(m, c, eps, dev, dtype, dv))
+            }
+            MixerWeights::Moe(m) => {
+                let c = cfg.moe.as_ref().unwrap_or_else(|| section("moe"));
+                Mixer::Moe(Moe::from_weights(m, c, dev, dtype, dv.bias_in_routing_weights))
+            }
+            MixerWeights::Attention(a) => {
+                let c = cfg.attention.as_ref().unwrap_or_else(|| section("attention"));
+                Mixer::Attention(Attention::from_weights(a, c, dev, dtype, dv.rope_theta))
+            }
+            MixerWeights::Mlp(m) => Mixer::Mlp(Mlp::from_weights(m, dev, dtype)),
+        };
+        Block {
+            norm: RmsNorm {
+                weight: float(&w.norm, dev, dtype),
+                eps,
+            },
+            mixer,
+        }
+    }
+
+    pub fn mixer(&self) -> &Mixer {
+        &self.mixer
+    }
+
+    /// This block's part of a fresh sequence state.
+    pub fn new_state(&self) -> LayerState {
+        match &self.mixer {
+            Mixer::Mamba(m) => m.new_state(),
+            Mixer::Attention(_) => LayerState::Attention { k: None, v: None },
+            Mixer::Moe(_) | Mixer::Mlp(_) => LayerState::Stateless,
+        }
+    }
+
     pub fn forward(
         &self,
-        x: Tensor<B, 3>,
+        x: Tensor<3>,
         lens: &[usize],
-        states: &mut [&mut SequenceState<B>],
+        states: &mut [&mut SequenceState],
         layer: usize,
-        dev: &Deviations,
-    ) -> Tensor<B, 3> {
+    ) -> Tensor<3> {
         let h = self.norm.forward(x.clone());
         let y = match &self.mixer {
-            Mixer::Mamba(m) => m.forward(h, lens, states, layer, dev),
-            Mixer::Moe(m) => m.forward(h, dev.bias_in_routing_weights),
-            Mixer::Attention(a) => a.forward(h, lens, states, layer, dev.rope_theta),
+            Mixer::Mamba(m) => m.forward(h, lens, states, layer),
+            Mixer::Moe(m) => m.forward(h),
+            Mixer::Attention(a) => a.forward(h, lens, states, layer),
             Mixer::Mlp(m) => m.forward(h),
         };
         x + y

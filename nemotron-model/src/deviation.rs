@@ -1,7 +1,7 @@
 //! Deliberate deviations from the model, off by default. They exist so the parity tests can show
 //! that each tolerance band discriminates: a plausible wrong implementation (RoPE on q/k, a dt
 //! clamp, a whole-width gated norm, the correction bias in the weights, W8A8 run weight-only) must
-//! land outside it. Never enable them for inference.
+//! land outside it. They are applied when the model is built; never enable them for inference.
 
 /// Which deviations to apply.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -14,6 +14,6 @@ pub struct Deviations {
     pub gated_norm_whole_width: bool,
     /// Weight the experts by the biased scores (`sigmoid + e_score_correction_bias`).
     pub bias_in_routing_weights: bool,
-    /// Run FP8 linears weight-only (skip the activation quantization).
+    /// Run the Mamba FP8 linears weight-only (skip the activation quantization).
     pub fp8_weight_only: bool,
 }

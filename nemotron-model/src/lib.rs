@@ -1,12 +1,13 @@
-//! NemotronH (Nemotron-H, Nemotron 3 Nano / 3.5 Lightning) as Burn modules generic over
-//! [`NemotronBackend`](nemotron_kernels::NemotronBackend): the same code runs on the NdArray host
-//! reference and on the device backends.
+//! NemotronH (Nemotron-H, Nemotron 3 Nano / 3.5 Lightning) as Burn modules written once over
+//! Burn's device-dispatched tensors: the same code runs on the NdArray host reference and on the
+//! CubeCL device backends, with the ops Burn lacks from
+//! [`nemotron_kernels::NemotronOps`].
 //!
 //! ```no_run
-//! use burn::backend::NdArray;
+//! use burn::tensor::{DType, Device};
 //! use nemotron_model::{GenerateOptions, NemotronH};
-//! let device = Default::default();
-//! let model = NemotronH::<NdArray<f32>>::load("/models/nemotron", &device)?;
+//! let device = Device::ndarray();
+//! let model = NemotronH::load_as("/models/nemotron", &device, DType::F32)?;
 //! let out = model.generate(&[1, 2, 3], GenerateOptions::default(), |tok| print!("{tok} "))?;
 //! # Ok::<(), nemotron_model::ModelError>(())
 //! ```
@@ -17,18 +18,21 @@ pub mod cache;
 pub mod deviation;
 pub mod error;
 pub mod generate;
+pub mod graph;
 pub mod linear;
 pub mod mamba2;
 pub mod mlp;
 pub mod model;
 pub mod moe;
 pub mod norm;
+pub mod sampling;
 mod util;
 
 pub use cache::SequenceState;
 pub use deviation::Deviations;
 pub use error::ModelError;
-pub use generate::{GenerateOptions, Generation, Generator, Sampling, StopReason};
+pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;
+pub use sampling::Sampling;

@@ -1,126 +1,89 @@
 //! One linear type for every weight form: dense, NVFP4 (packed) and FP8 (W8A8 static).
 
-use crate::error::ModelError;
-use burn::tensor::Tensor;
-use nemotron_kernels::{Fp8Matrix, NemotronBackend, Nvfp4Matrix};
+use crate::util::{float_transposed, from_vec, transpose};
+use burn::backend::Dispatch;
+use burn::tensor::{DType, Device, Tensor};
+use nemotron_kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron_loader::LinearWeight;
 
-/// `y = x · Wᵀ` in whichever form the checkpoint shipped `W`.
+/// `y = epi(x · Wᵀ)` in whichever form the checkpoint shipped `W`.
 #[derive(Debug, Clone)]
-pub enum Linear<B: NemotronBackend> {
+pub enum Linear {
     /// Stored transposed, `[in, out]`, for a plain matmul.
-    Dense(Tensor<B, 2>),
-    Nvfp4 {
-        weight: B::Nvfp4Weight,
-        in_features: usize,
-        out_features: usize,
-    },
-    Fp8 {
-        weight: B::Fp8Weight,
-        in_features: usize,
-        out_features: usize,
-        dequant: Option<Tensor<B, 2>>,
-    },
+    Dense(Tensor<2>),
+    Nvfp4(Nvfp4Weights<Dispatch>),
+    Fp8(Fp8Weights<Dispatch>),
 }
 
-impl<B: NemotronBackend> Linear<B> {
-    /// Moves a loaded weight onto the backend in the same form.
-    pub fn from_weight(w: LinearWeight, dev: &B::Device) -> Result<Self, ModelError> {
-        Ok(match w {
-            LinearWeight::Dense(t) => {
-                Linear::Dense(crate::util::to_tensor_transposed::<B>(&t, dev))
-            }
-            LinearWeight::Nvfp4(n) => {
-                let (in_features, out_features) = (n.in_features, n.out_features);
-                Linear::Nvfp4 {
-                    weight: B::nvfp4_weight(nvfp4_matrix(n), dev),
-                    in_features,
-                    out_features,
-                }
-            }
-            LinearWeight::Fp8(f) => {
-                let (in_features, out_features) = (f.in_features, f.out_features);
-                Linear::Fp8 {
-                    weight: B::fp8_weight(fp8_matrix(f), dev),
-                    in_features,
-                    out_features,
-                    dequant: None,
-                }
-            }
-        })
+impl Linear {
+    /// Moves a loaded weight onto the device in the same form (dense weights in `dtype`).
+    pub fn from_weight(w: LinearWeight, dev: &Device, dtype: DType) -> Self {
+        match w {
+            LinearWeight::Dense(t) => Linear::Dense(float_transposed(&t, dev, dtype)),
+            LinearWeight::Nvfp4(n) => Linear::Nvfp4(Nvfp4Weights::upload(&[nvfp4_matrix(n)], dev)),
+            LinearWeight::Fp8(f) => Linear::Fp8(Fp8Weights::upload(&[fp8_matrix(f)], dev)),
+        }
+    }
+
+    /// For the W8A8-as-weight-only deviation: an FP8 weight dequantized into a dense linear
+    /// (activations then go unquantized); other forms as [`Self::from_weight`].
+    pub(crate) fn weight_only(w: LinearWeight, dev: &Device, dtype: DType) -> Self {
+        let LinearWeight::Fp8(f) = w else {
+            return Self::from_weight(w, dev, dtype);
+        };
+        let k = f.in_features;
+        let mut v = vec![0f32; f.out_features * k];
+        for (r, row) in v.chunks_mut(k).enumerate() {
+            nemotron_loader::formats::fp8_dequant_row(
+                &f.weight.bytes[r * k..(r + 1) * k],
+                f.weight_scale,
+                row,
+            );
+        }
+        Linear::Dense(from_vec(
+            transpose(&v, f.out_features, k),
+            [k, f.out_features],
+            dev,
+            dtype,
+        ))
     }
 
     pub fn in_features(&self) -> usize {
         match self {
             Linear::Dense(w) => w.dims()[0],
-            Linear::Nvfp4 { in_features, .. } | Linear::Fp8 { in_features, .. } => *in_features,
+            Linear::Nvfp4(w) => w.shape.in_features,
+            Linear::Fp8(w) => w.shape.in_features,
         }
     }
 
     pub fn out_features(&self) -> usize {
         match self {
             Linear::Dense(w) => w.dims()[1],
-            Linear::Nvfp4 { out_features, .. } | Linear::Fp8 { out_features, .. } => *out_features,
+            Linear::Nvfp4(w) => w.shape.out_features,
+            Linear::Fp8(w) => w.shape.out_features,
         }
     }
 
-    /// Applies the linear over the last dimension of `x`.
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+    /// `epi(x · Wᵀ)` over the last dimension of `x`; the quantized kernels fuse the epilogue.
+    pub fn forward<const D: usize>(&self, x: Tensor<D>, epi: Epilogue) -> Tensor<D> {
         let dims = x.dims();
         let k = dims[D - 1];
         let rows = dims.iter().take(D - 1).product::<usize>();
-        let x2: Tensor<B, 2> = x.reshape([rows, k]);
+        let x2: Tensor<2> = x.reshape([rows, k]);
         let y = match self {
-            Linear::Dense(w) => mm(x2, w.clone()),
-            Linear::Nvfp4 { weight, .. } => B::nvfp4_linear(x2, weight),
-            Linear::Fp8 {
-                dequant: Some(w), ..
-            } => mm(x2, w.clone()),
-            Linear::Fp8 { weight, .. } => B::fp8_linear(x2, weight),
-        };
-        let mut out = dims;
-        out[D - 1] = self.out_features();
-        y.reshape(out)
-    }
-
-    /// `relu(self.forward(x))²`, squared inside the quantized kernels (the MLP up projections).
-    pub fn forward_relu2<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let dims = x.dims();
-        let k = dims[D - 1];
-        let rows = dims.iter().take(D - 1).product::<usize>();
-        let x2: Tensor<B, 2> = x.reshape([rows, k]);
-        let y = match self {
-            Linear::Nvfp4 { weight, .. } => B::nvfp4_linear_relu2(x2, weight),
-            Linear::Fp8 {
-                weight,
-                dequant: None,
-                ..
-            } => B::fp8_linear_relu2(x2, weight),
-            _ => nemotron_kernels::relu2(self.forward(x2)),
-        };
-        let mut out = dims;
-        out[D - 1] = self.out_features();
-        y.reshape(out)
-    }
-
-    /// For the W8A8-as-weight-only deviation: replaces the FP8 path by a dense dequantized weight.
-    pub(crate) fn fp8_as_weight_only(&mut self, w: &nemotron_loader::Fp8Weight, dev: &B::Device) {
-        if let Linear::Fp8 { dequant, .. } = self {
-            let k = w.in_features;
-            let mut v = vec![0f32; w.out_features * k];
-            for (r, row) in v.chunks_mut(k).enumerate() {
-                nemotron_loader::formats::fp8_dequant_row(
-                    &w.weight.bytes[r * k..(r + 1) * k],
-                    w.weight_scale,
-                    row,
-                );
+            Linear::Dense(w) => {
+                let y = ops::mm(x2, w.clone());
+                match epi {
+                    Epilogue::None => y,
+                    Epilogue::Relu2 => ops::relu2(y),
+                }
             }
-            *dequant = Some(crate::util::from_vec::<B, 2>(
-                crate::util::transpose(&v, w.out_features, k),
-                [k, w.out_features],
-                dev,
-            ));
-        }
+            Linear::Nvfp4(w) => ops::nvfp4_linear(x2, w, epi),
+            Linear::Fp8(w) => ops::fp8_linear(x2, w, epi),
+        };
+        let mut out = dims;
+        out[D - 1] = self.out_features();
+        y.reshape(out)
     }
 }
 
@@ -144,9 +107,4 @@ pub(crate) fn fp8_matrix(f: nemotron_loader::Fp8Weight) -> Fp8Matrix {
         weight_scale: f.weight_scale,
         input_scale: f.input_scale,
     }
-}
-
-/// `[M, K] · [K, N]` through the backend's exact-f32 matmul.
-pub(crate) fn mm<B: NemotronBackend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
-    B::matmul(x.unsqueeze::<3>(), w.unsqueeze::<3>()).squeeze_dim(0)
 }

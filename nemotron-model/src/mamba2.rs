@@ -4,47 +4,85 @@
 use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::norm::GatedRmsNorm;
-use burn::tensor::Tensor;
-use nemotron_kernels::NemotronBackend;
+use crate::util::{float, from_vec};
+use crate::Deviations;
+use burn::tensor::{DType, Device, Tensor};
+use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::config::MambaConfig;
+use nemotron_loader::MambaWeights;
 
 #[derive(Debug, Clone)]
-pub struct Mamba2<B: NemotronBackend> {
-    pub in_proj: Linear<B>,
+pub struct Mamba2 {
+    in_proj: Linear,
     /// `[C, K]`.
-    pub conv_weight: Tensor<B, 2>,
-    pub conv_bias: Option<Tensor<B, 1>>,
+    conv_weight: Tensor<2>,
+    conv_bias: Option<Tensor<1>>,
     /// `A = −exp(A_log)`, `[H]`.
-    pub a: Tensor<B, 1>,
-    pub d: Tensor<B, 1>,
-    pub dt_bias: Tensor<B, 1>,
-    pub norm: GatedRmsNorm<B>,
-    pub out_proj: Linear<B>,
-    pub cfg: MambaConfig,
+    a: Tensor<1>,
+    d: Tensor<1>,
+    dt_bias: Tensor<1>,
+    norm: GatedRmsNorm,
+    out_proj: Linear,
+    cfg: MambaConfig,
+    /// `dt ≥ this` after the softplus (a deviation; `None` for the model).
+    dt_min: Option<f32>,
 }
 
-impl<B: NemotronBackend> Mamba2<B> {
-    pub fn new_state(&self, dev: &B::Device) -> LayerState<B> {
+impl Mamba2 {
+    /// Builds the mixer from its loaded weights: projections in their shipped form, everything
+    /// else in the activation `dtype`.
+    pub fn from_weights(
+        w: MambaWeights,
+        cfg: &MambaConfig,
+        eps: f64,
+        dev: &Device,
+        dtype: DType,
+        dv: &Deviations,
+    ) -> Self {
+        let (k, h) = (cfg.conv_kernel, cfg.num_heads);
+        let proj = |w| {
+            if dv.fp8_weight_only {
+                Linear::weight_only(w, dev, dtype)
+            } else {
+                Linear::from_weight(w, dev, dtype)
+            }
+        };
+        Mamba2 {
+            in_proj: proj(w.in_proj),
+            conv_weight: float::<3>(&w.conv_weight, dev, dtype).reshape([cfg.conv_dim(), k]),
+            conv_bias: w.conv_bias.as_ref().map(|b| float(b, dev, dtype)),
+            a: from_vec(w.a_log.iter().map(|v| -v.exp()).collect(), [h], dev, dtype),
+            d: from_vec(w.d, [h], dev, dtype),
+            dt_bias: from_vec(w.dt_bias, [h], dev, dtype),
+            norm: GatedRmsNorm {
+                weight: float(&w.norm, dev, dtype),
+                groups: if dv.gated_norm_whole_width { 1 } else { cfg.n_groups },
+                eps,
+            },
+            out_proj: proj(w.out_proj),
+            cfg: cfg.clone(),
+            dt_min: dv.dt_min_clamp,
+        }
+    }
+
+    /// A zero state: conv in the activation dtype, SSM in f32 whatever the activation dtype.
+    pub fn new_state(&self) -> LayerState {
         let c = &self.cfg;
+        let dev = self.a.device();
         LayerState::Mamba {
-            conv: Tensor::zeros([c.conv_dim(), c.conv_kernel - 1], dev),
-            // The SSM state is f32 whatever the activation dtype.
-            ssm: Tensor::zeros(
-                [c.num_heads, c.head_dim, c.state_size],
-                (dev, burn::tensor::DType::F32),
-            ),
+            conv: Tensor::zeros([c.conv_dim(), c.conv_kernel - 1], (&dev, self.a.dtype())),
+            ssm: Tensor::zeros([c.num_heads, c.head_dim, c.state_size], (&dev, DType::F32)),
         }
     }
 
     /// `h`: `[B, T, hidden]`, right-padded; `lens[b]` valid positions of sequence `b`.
     pub fn forward(
         &self,
-        h: Tensor<B, 3>,
+        h: Tensor<3>,
         lens: &[usize],
-        states: &mut [&mut SequenceState<B>],
+        states: &mut [&mut SequenceState],
         layer: usize,
-        dev_opts: &crate::Deviations,
-    ) -> Tensor<B, 3> {
+    ) -> Tensor<3> {
         let c = &self.cfg;
         let [bsz, t, _] = h.dims();
         let (i, conv, nh, g, n, p) = (
@@ -55,7 +93,7 @@ impl<B: NemotronBackend> Mamba2<B> {
             c.state_size,
             c.head_dim,
         );
-        let zxbcdt = self.in_proj.forward(h);
+        let zxbcdt = self.in_proj.forward(h, Epilogue::None);
         let z = zxbcdt.clone().slice_dim(2, 0..i);
         let xbc = zxbcdt.clone().slice_dim(2, i..i + conv);
         let dt = zxbcdt.slice_dim(2, i + conv..i + conv + nh);
@@ -70,7 +108,7 @@ impl<B: NemotronBackend> Mamba2<B> {
         let conv_state = crate::util::stack(conv_states);
         let ssm_state = crate::util::stack(ssm_states);
 
-        let (xbc, conv_state) = B::causal_conv1d(
+        let (xbc, conv_state) = ops::causal_conv1d(
             xbc,
             self.conv_weight.clone(),
             self.conv_bias.clone(),
@@ -85,8 +123,8 @@ impl<B: NemotronBackend> Mamba2<B> {
         let cm = xbc
             .slice_dim(2, i + g * n..i + 2 * g * n)
             .reshape([bsz, t, g, n]);
-        let dt = B::dt_softplus(dt, self.dt_bias.clone(), dev_opts.dt_min_clamp);
-        let (y, ssm_state) = B::selective_scan(
+        let dt = ops::dt_softplus(dt, self.dt_bias.clone(), self.dt_min);
+        let (y, ssm_state) = ops::selective_scan(
             x,
             dt,
             self.a.clone(),
@@ -97,15 +135,20 @@ impl<B: NemotronBackend> Mamba2<B> {
             lens,
         );
 
-        for (b, s) in states.iter_mut().enumerate() {
+        if let [s] = states {
             s.layers[layer] = LayerState::Mamba {
-                conv: conv_state.clone().slice_dim(0, b..b + 1).squeeze_dim(0),
-                ssm: ssm_state.clone().slice_dim(0, b..b + 1).squeeze_dim(0),
+                conv: conv_state.squeeze_dim(0),
+                ssm: ssm_state.squeeze_dim(0),
             };
+        } else {
+            for (b, s) in states.iter_mut().enumerate() {
+                s.layers[layer] = LayerState::Mamba {
+                    conv: conv_state.clone().slice_dim(0, b..b + 1).squeeze_dim(0),
+                    ssm: ssm_state.clone().slice_dim(0, b..b + 1).squeeze_dim(0),
+                };
+            }
         }
-        let u = self
-            .norm
-            .forward(y.reshape([bsz, t, i]), z, dev_opts.gated_norm_whole_width);
-        self.out_proj.forward(u)
+        let u = self.norm.forward(y.reshape([bsz, t, i]), z);
+        self.out_proj.forward(u, Epilogue::None)
     }
 }

@@ -1,8 +1,8 @@
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use nemotron_loader::HostTensor;
 
-/// A float host tensor (BF16/F16/F32) as an f32 Burn tensor of rank `D`.
-pub fn to_tensor<B: Backend, const D: usize>(t: &HostTensor, dev: &B::Device) -> Tensor<B, D> {
+/// A float host tensor (BF16/F16/F32) as a Burn tensor of rank `D` in `dtype`.
+pub fn float<const D: usize>(t: &HostTensor, dev: &Device, dtype: DType) -> Tensor<D> {
     let v = t
         .to_f32_vec()
         .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
@@ -11,22 +11,16 @@ pub fn to_tensor<B: Backend, const D: usize>(t: &HostTensor, dev: &B::Device) ->
         .clone()
         .try_into()
         .unwrap_or_else(|_| panic!("{} has rank {}", t.name, t.shape.len()));
-    Tensor::from_data(TensorData::new(v, shape), dev)
+    from_vec(v, shape, dev, dtype)
 }
 
-pub fn from_vec<B: Backend, const D: usize>(
-    v: Vec<f32>,
-    shape: [usize; D],
-    dev: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(v, shape), dev)
+pub fn from_vec<const D: usize>(v: Vec<f32>, shape: [usize; D], dev: &Device, dtype: DType) -> Tensor<D> {
+    Tensor::from_data(TensorData::new(v, shape), (dev, dtype))
 }
 
 /// `Tensor::stack` along a new leading dim; one tensor is only reshaped (no copy kernel: the
 /// batch-1 decode path).
-pub fn stack<B: Backend, const D: usize, const D2: usize>(
-    mut ts: Vec<Tensor<B, D>>,
-) -> Tensor<B, D2> {
+pub fn stack<const D: usize, const D2: usize>(mut ts: Vec<Tensor<D>>) -> Tensor<D2> {
     if ts.len() == 1 {
         ts.pop().expect("one").unsqueeze::<D2>()
     } else {
@@ -34,14 +28,14 @@ pub fn stack<B: Backend, const D: usize, const D2: usize>(
     }
 }
 
-/// A float host matrix `[rows, cols]` as a contiguous `[cols, rows]` Burn tensor (a transposed
-/// view would be re-laid out by every matmul on some backends).
-pub fn to_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
+/// A float host matrix `[rows, cols]` as a contiguous `[cols, rows]` Burn tensor in `dtype` (a
+/// transposed view would be re-laid out by every matmul on some backends).
+pub fn float_transposed(t: &HostTensor, dev: &Device, dtype: DType) -> Tensor<2> {
     let v = t
         .to_f32_vec()
         .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
     let (r, c) = (t.shape[0], t.shape[1]);
-    Tensor::from_data(TensorData::new(transpose(&v, r, c), [c, r]), dev)
+    from_vec(transpose(&v, r, c), [c, r], dev, dtype)
 }
 
 /// Row-major `[r, c]` → `[c, r]`.
@@ -60,42 +54,13 @@ pub fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
     out
 }
 
-/// Like [`to_tensor_transposed`], but stored as f32 whatever the backend's float dtype (the
-/// router stays f32 on bf16 backends).
-pub fn to_f32_tensor_transposed<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 2> {
-    let v = t
-        .to_f32_vec()
-        .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
-    let (r, c) = (t.shape[0], t.shape[1]);
-    Tensor::from_data(
-        TensorData::new(transpose(&v, r, c), [c, r]),
-        (dev, burn::tensor::DType::F32),
-    )
-}
-
-/// A float host vector as an f32 Burn tensor whatever the backend's float dtype.
-pub fn to_f32_tensor<B: Backend>(t: &HostTensor, dev: &B::Device) -> Tensor<B, 1> {
-    let v = t
-        .to_f32_vec()
-        .unwrap_or_else(|| panic!("{} is not a float tensor", t.name));
-    let n = v.len();
-    Tensor::from_data(TensorData::new(v, [n]), (dev, burn::tensor::DType::F32))
-}
-
 /// `x` as f32 (a no-op for f32 tensors).
-pub fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dtype() == burn::tensor::DType::F32 {
-        x
-    } else {
-        x.cast(burn::tensor::DType::F32)
-    }
+pub fn to_f32<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    from_f32(x, DType::F32)
 }
 
-/// `x` back to `dtype` (a no-op when it already is).
-pub fn from_f32<B: Backend, const D: usize>(
-    x: Tensor<B, D>,
-    dtype: burn::tensor::DType,
-) -> Tensor<B, D> {
+/// `x` in `dtype` (a no-op when it already is).
+pub fn from_f32<const D: usize>(x: Tensor<D>, dtype: DType) -> Tensor<D> {
     if x.dtype() == dtype {
         x
     } else {

@@ -1,15 +1,21 @@
 #![allow(dead_code)]
 //! Shared helpers for the model tests.
 
-use burn::backend::NdArray;
-use burn::tensor::Tensor;
-use nemotron::kernels::NemotronBackend;
+use burn::tensor::{DType, Device, Tensor};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 use nemotron::model::NemotronH;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
-pub type B = NdArray<f32>;
+/// The host reference device.
+pub fn host() -> Device {
+    Device::ndarray()
+}
+
+/// A checkpoint directory on the host reference (f32).
+pub fn load_host(dir: impl AsRef<std::path::Path>) -> NemotronH {
+    NemotronH::load_as(dir, &host(), DType::F32).unwrap()
+}
 
 pub fn synth(recipe: SynthRecipe, geom: &Geometry, seed: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -23,7 +29,8 @@ pub fn synth(recipe: SynthRecipe, geom: &Geometry, seed: u64) -> tempfile::TempD
     dir
 }
 
-pub fn rows<const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+/// Any tensor as host f32.
+pub fn rows<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().convert::<f32>().into_vec().unwrap()
 }
 
@@ -37,15 +44,8 @@ pub fn diff(a: &[f32], b: &[f32]) -> (f32, f32) {
 
 /// Deterministic token ids in `[0, vocab)`.
 pub fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
+    let mut r = nemotron::kernels::rng::Lcg::new(seed);
+    (0..n).map(|_| r.below(vocab as u64) as u32).collect()
 }
 
 /// mean |a - b|.
@@ -125,11 +125,6 @@ pub fn add_text_files(dir: &std::path::Path, extra_eos: u32) {
     std::fs::write(dir.join("generation_config.json"), gen.to_string()).unwrap();
 }
 
-/// Any backend's tensor as host f32.
-pub fn rows_any<Bk: NemotronBackend, const D: usize>(t: burn::tensor::Tensor<Bk, D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().into_vec().unwrap()
-}
-
 pub fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/hf")
@@ -194,18 +189,18 @@ pub fn row_diffs(a: &[f32], b: &[f32], width: usize) -> Vec<f32> {
 
 /// Per-row max |Δ| of a model against a reference (prefill rows, teacher-forced decode rows) and
 /// the logit scale.
-pub fn compare_rows<Bk: NemotronBackend>(
-    m: &NemotronH<Bk>,
+pub fn compare_rows(
+    m: &NemotronH,
     r: &Reference,
 ) -> (Vec<f32>, Vec<f32>, f32) {
     let v = r.prefill.len() / r.prompt.len();
     let mut s = m.new_state();
-    let prefill = rows_any(m.forward_one(&r.prompt, &mut s).unwrap());
+    let prefill = rows(m.forward_one(&r.prompt, &mut s).unwrap());
     let scale = diff(&prefill, &r.prefill).1;
     let mut s = m.new_state();
     let mut dec = nemotron::model::generate::last_row(m.forward_one(&r.prompt, &mut s).unwrap());
     for &id in &r.decode_ids[..r.decode_ids.len() - 1] {
-        dec.extend(rows_any(m.forward_one(&[id], &mut s).unwrap()));
+        dec.extend(rows(m.forward_one(&[id], &mut s).unwrap()));
     }
     (
         row_diffs(&prefill, &r.prefill, v),
@@ -215,16 +210,16 @@ pub fn compare_rows<Bk: NemotronBackend>(
 }
 
 /// (prefill max |Δ|, decode max |Δ|, logit scale) of a model against a reference.
-pub fn compare<Bk: NemotronBackend>(m: &NemotronH<Bk>, r: &Reference) -> (f32, f32, f32) {
+pub fn compare(m: &NemotronH, r: &Reference) -> (f32, f32, f32) {
     let mut s = m.new_state();
-    let prefill = rows_any(m.forward_one(&r.prompt, &mut s).unwrap());
+    let prefill = rows(m.forward_one(&r.prompt, &mut s).unwrap());
     let (dp, scale) = diff(&prefill, &r.prefill);
     eprintln!("  prefill mean |Δ| {:.3e}", mean_diff(&prefill, &r.prefill));
     // Teacher-forced decode: row 0 after the prompt, row i after feeding decode_ids[i-1].
     let mut s = m.new_state();
     let mut dec = nemotron::model::generate::last_row(m.forward_one(&r.prompt, &mut s).unwrap());
     for &id in &r.decode_ids[..r.decode_ids.len() - 1] {
-        dec.extend(rows_any(m.forward_one(&[id], &mut s).unwrap()));
+        dec.extend(rows(m.forward_one(&[id], &mut s).unwrap()));
     }
     let (dd, _) = diff(&dec, &r.decode);
     eprintln!("  decode mean |Δ| {:.3e}", mean_diff(&dec, &r.decode));

@@ -1,0 +1,101 @@
+//! Tensors as kernel buffers: contiguous, in a dtype the kernels read, and outputs allocated
+//! contiguous (CUDA's default allocation may pitch rows, and the kernels index dense row-major
+//! buffers).
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::{cast, into_contiguous};
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeRuntime;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// `t` contiguous, cast to `dtype` first where it differs.
+pub(crate) fn contiguous_as<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
+    let t = if t.dtype == dtype { t } else { cast(t, dtype) };
+    into_contiguous(t)
+}
+
+/// A float tensor contiguous in a storage type the kernels read as `F` (f32, bf16, f16; any other
+/// float goes through f32).
+pub(crate) fn float_buf<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    match t.dtype {
+        DType::F32 | DType::BF16 | DType::F16 => into_contiguous(t),
+        _ => contiguous_as(t, DType::F32),
+    }
+}
+
+/// A float tensor as a contiguous f32 buffer.
+pub(crate) fn f32_buf<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    contiguous_as(t, DType::F32)
+}
+
+/// An int tensor as a contiguous i32 buffer (expert indices).
+pub(crate) fn i32_buf<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    contiguous_as(t, DType::I32)
+}
+
+/// A contiguous tensor of `shape` and `dtype` on `like`'s device, uninitialized.
+pub(crate) fn empty<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    shape: impl Into<Shape>,
+    dtype: DType,
+) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape.into(), dtype)
+}
+
+/// The buffer of a contiguous tensor, by element count.
+pub(crate) fn arg<R: CubeRuntime>(t: &CubeTensor<R>) -> BufferArg<R> {
+    let len = t.meta.shape().num_elements();
+    // Safety: `len` is the element count of the tensor that owns the handle.
+    unsafe { BufferArg::from_raw_parts(t.handle.clone(), len) }
+}
+
+/// A raw device buffer of `len` elements.
+pub(crate) fn handle_arg<R: CubeRuntime>(h: &Handle, len: usize) -> BufferArg<R> {
+    // Safety: callers pass the length the handle was created with.
+    unsafe { BufferArg::from_raw_parts(h.clone(), len) }
+}
+
+/// Per-sequence lengths as a u32 buffer, or `None` when every sequence fills `T` (the kernels
+/// then take `T` for every sequence: no host write, so a decode step stays graph-capturable).
+pub(crate) fn lens_buf<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    lens: &[usize],
+) -> Option<(Handle, usize)> {
+    if lens.is_empty() {
+        return None;
+    }
+    let v: Vec<u32> = lens.iter().map(|&l| l as u32).collect();
+    Some((client.create_from_slice(u32::as_bytes(&v)), v.len()))
+}
+
+/// Runs `$launch!(T)` with `T` the Rust type of float dtype `$dtype` (f32, bf16 or f16).
+macro_rules! with_float {
+    ($dtype:expr, $launch:ident) => {
+        match $dtype {
+            burn::tensor::DType::BF16 => $launch!(burn::tensor::bf16),
+            burn::tensor::DType::F16 => $launch!(burn::tensor::f16),
+            _ => $launch!(f32),
+        }
+    };
+}
+pub(crate) use with_float;
+
+/// Elementwise launch geometry: `n` units in cubes of [`ELEMWISE_BLOCK`].
+pub(crate) fn elemwise(n: usize) -> (CubeCount, CubeDim) {
+    let cubes = n.div_ceil(ELEMWISE_BLOCK as usize).max(1) as u32;
+    (CubeCount::Static(cubes, 1, 1), CubeDim::new_1d(ELEMWISE_BLOCK))
+}
+
+/// Units per cube of the elementwise kernels.
+pub(crate) const ELEMWISE_BLOCK: u32 = 128;
+
+/// The most cubes along y (CUDA's limit); more spill onto z.
+pub(crate) const MAX_CUBES_Y: usize = 65_535;
+
+/// `(y, z)` cube counts covering `n` along y, spilling onto z beyond [`MAX_CUBES_Y`].
+pub(crate) fn yz(n: usize) -> (u32, u32) {
+    let y = n.clamp(1, MAX_CUBES_Y);
+    (y as u32, n.div_ceil(y).max(1) as u32)
+}

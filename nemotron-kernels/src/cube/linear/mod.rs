@@ -1,0 +1,139 @@
+//! Linears against packed weights: NVFP4 (W4A16) and FP8 (static W8A8), plain or routed over a
+//! stack of experts, with the epilogue fused. Decode-shaped GEMVs today; [`dispatch`] names the
+//! launch geometry and will choose between these and the tiled GEMMs of the prefill issue.
+
+pub mod dispatch;
+pub mod fp8;
+pub mod nvfp4;
+
+use super::buffers::{arg, empty, float_buf, i32_buf};
+use crate::{Epilogue, Rows};
+use burn::tensor::DType;
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeRuntime};
+use cubecl::prelude::*;
+
+/// The value of an E2M1 code (bit 3 sign, bits 0-2 magnitude: 0, 0.5, 1, 1.5, 2, 3, 4, 6) built
+/// from its bits, without a table lookup: magnitudes ≥ 2 are `2^((m>>1)-1) · (1 + (m&1)/2)`, i.e.
+/// f32 exponent `(m>>1) + 126` and the top mantissa bit `m&1`; 1 is 0.5 (0x3F000000), 0 is 0.
+#[cube]
+pub(crate) fn e2m1(code: u32) -> f32 {
+    let m = code & 7u32;
+    let normal = (((m >> 1u32) + 126u32) << 23u32) | ((m & 1u32) << 22u32);
+    let small = m * 0x3F000000u32;
+    let bits = if m >= 2u32 { normal } else { small };
+    f32::reinterpret(bits | ((code & 8u32) << 28u32))
+}
+
+/// The value of an E4M3 (FN) byte built from its bits: exponent bias 7, normals
+/// `2^(e−7) · (1 + m/8)` (f32 exponent field `e + 120`, mantissa `m << 20`), subnormals
+/// `m · 2^−9`; the NaN codes (0x7F, 0xFF) read as 0 (the loader refuses NaN scales).
+#[cube]
+pub(crate) fn e4m3(byte: u32) -> f32 {
+    let e = (byte >> 3u32) & 15u32;
+    let m = byte & 7u32;
+    let normal = f32::reinterpret(((e + 120u32) << 23u32) | (m << 20u32));
+    let sub = f32::cast_from(m) * 0.001953125f32;
+    let mag = if e == 0u32 { sub } else { normal };
+    let v = if (byte & 128u32) != 0u32 { -mag } else { mag };
+    if (byte & 127u32) == 127u32 {
+        0.0f32
+    } else {
+        v
+    }
+}
+
+/// Byte `i` of a buffer of little-endian u32 words.
+#[cube]
+pub(crate) fn byte_at(words: &[u32], i: usize) -> u32 {
+    (words[i / 4] >> (((i % 4) * 8) as u32)) & 255u32
+}
+
+/// E4M3 round-to-nearest-even of `v` (already clamped to ±448), returned as its f32 value.
+#[cube]
+pub(crate) fn e4m3_round(v: f32) -> f32 {
+    let a = v.abs();
+    let min_normal = 0.015625f32; // 2^-6
+    // Keep 3 mantissa bits: drop 20 with round-half-even (a carry moves the exponent up).
+    // Subnormals are multiples of 2^-9: shifted into [2^-6, 2^-5), that is the ulp there.
+    let shifted = a < min_normal;
+    let base = if shifted { a + min_normal } else { a };
+    let bits = u32::reinterpret(base);
+    let lsb = (bits >> 20u32) & 1u32;
+    let rounded = f32::reinterpret((bits + 0x7FFFFu32 + lsb) & 0xFFF00000u32);
+    let r = if shifted { rounded - min_normal } else { rounded };
+    if v < 0.0f32 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// `relu(v)²` when `relu2`, `v` otherwise.
+#[cube]
+pub(crate) fn epilogue(v: f32, #[comptime] relu2: bool) -> f32 {
+    if relu2 {
+        let r = v.max(0.0f32);
+        r * r
+    } else {
+        v
+    }
+}
+
+/// One linear call prepared for a kernel: the activation buffer, the routing (expert index
+/// buffer, or `x` itself as an unread stand-in), the output, and the grid sizes.
+pub(crate) struct Call<R: CubeRuntime> {
+    pub x: CubeTensor<R>,
+    pub experts: Option<CubeTensor<R>>,
+    pub y: CubeTensor<R>,
+    pub dtype: DType,
+    /// Output rows (input rows, or routing slots).
+    pub slots: usize,
+    pub div: usize,
+    pub k: usize,
+    pub n: usize,
+    pub routed: bool,
+    pub relu2: bool,
+}
+
+impl<R: CubeRuntime> Call<R> {
+    pub fn new(
+        x: CubeTensor<R>,
+        rows: Rows<CubeBackend<R>>,
+        n: usize,
+        epilogue: Epilogue,
+    ) -> Self {
+        let out_dtype = x.dtype;
+        let x = float_buf(x);
+        let dtype = x.dtype;
+        let shape = x.meta.shape().clone();
+        let (m, k) = (shape[0], shape[1]);
+        let (experts, slots, div) = match rows {
+            Rows::Each => (None, m, 1),
+            Rows::Routed { experts, div } => {
+                let e = i32_buf(experts);
+                let s = e.meta.shape().num_elements();
+                (Some(e), s, div)
+            }
+        };
+        debug_assert_eq!(out_dtype, dtype, "activation dtype {out_dtype:?} has no kernel");
+        let y = empty(&x, [slots, n], dtype);
+        Call {
+            routed: experts.is_some(),
+            x,
+            experts,
+            y,
+            dtype,
+            slots,
+            div,
+            k,
+            n,
+            relu2: epilogue == Epilogue::Relu2,
+        }
+    }
+
+    /// The expert index buffer (the activations stand in when unrouted: never read).
+    pub fn experts_arg(&self) -> BufferArg<R> {
+        arg(self.experts.as_ref().unwrap_or(&self.x))
+    }
+}

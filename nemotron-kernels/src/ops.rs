@@ -1,0 +1,294 @@
+//! The ops of [`NemotronOps`](crate::NemotronOps) over Burn tensors: what model code calls. Each
+//! checks its shapes (a mismatch is a bug in the caller, reported by name) and dispatches on the
+//! device the tensors live on.
+
+use crate::{
+    bytes_to_words, Epilogue, Fp8Matrix, Fp8Weights, Maybe, NemotronOps, Nvfp4Matrix,
+    Nvfp4Weights, RouteConfig, Rows, StackShape,
+};
+use burn::backend::Dispatch;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use nemotron_formats as fmt;
+
+type D = Dispatch;
+
+fn words_tensor(bytes: &[u8], device: &Device) -> burn::backend::DispatchTensor {
+    let w = bytes_to_words(bytes);
+    let n = w.len();
+    Tensor::<1, Int>::from_data(TensorData::new(w, [n]), (device, DType::I32)).into_dispatch()
+}
+
+fn f32_tensor(v: Vec<f32>, device: &Device) -> burn::backend::DispatchTensor {
+    let n = v.len();
+    Tensor::<1>::from_data(TensorData::new(v, [n]), (device, DType::F32)).into_dispatch()
+}
+
+/// One shape for a stack, or the name of the first matrix that differs.
+fn stack_shape(shapes: impl Iterator<Item = (usize, usize)>) -> StackShape {
+    let mut experts = 0;
+    let mut first = None;
+    for (i, s) in shapes.enumerate() {
+        match first {
+            None => first = Some(s),
+            Some(f) => assert_eq!(f, s, "matrix {i} of a stack has another shape than matrix 0"),
+        }
+        experts += 1;
+    }
+    let (out_features, in_features) = first.expect("a stack holds at least one matrix");
+    StackShape {
+        experts,
+        out_features,
+        in_features,
+    }
+}
+
+impl Nvfp4Weights<Dispatch> {
+    /// Moves NVFP4 matrices (one linear, or the experts of one projection) onto `device` as
+    /// shipped: bytes are copied, nothing is decoded.
+    pub fn upload(mats: &[Nvfp4Matrix], device: &Device) -> Self {
+        let shape = stack_shape(mats.iter().map(|m| (m.out_features, m.in_features)));
+        assert!(
+            shape.in_features % fmt::NVFP4_BLOCK == 0,
+            "NVFP4 in_features {} is not a multiple of {}",
+            shape.in_features,
+            fmt::NVFP4_BLOCK
+        );
+        let packed: Vec<u8> = mats.iter().flat_map(|m| m.packed.iter().copied()).collect();
+        let scales: Vec<u8> = mats
+            .iter()
+            .flat_map(|m| m.block_scales.iter().copied())
+            .collect();
+        Nvfp4Weights {
+            packed: words_tensor(&packed, device),
+            scales: words_tensor(&scales, device),
+            globals: f32_tensor(mats.iter().map(|m| m.global_scale).collect(), device),
+            shape,
+        }
+    }
+}
+
+impl Fp8Weights<Dispatch> {
+    /// Moves per-tensor FP8 matrices onto `device` as shipped (E4M3 bytes and their scales).
+    pub fn upload(mats: &[Fp8Matrix], device: &Device) -> Self {
+        let shape = stack_shape(mats.iter().map(|m| (m.out_features, m.in_features)));
+        assert!(
+            shape.in_features % 4 == 0,
+            "FP8 in_features {} is not a multiple of 4",
+            shape.in_features
+        );
+        let weight: Vec<u8> = mats.iter().flat_map(|m| m.weight.iter().copied()).collect();
+        Fp8Weights {
+            weight: words_tensor(&weight, device),
+            input_scales: f32_tensor(mats.iter().map(|m| m.input_scale).collect(), device),
+            weight_scales: f32_tensor(mats.iter().map(|m| m.weight_scale).collect(), device),
+            shape,
+        }
+    }
+}
+
+fn out<const N: usize>(t: burn::backend::DispatchTensor) -> Tensor<N> {
+    Tensor::from_dispatch(t)
+}
+
+/// Batched `a [B, M, K] · b [B, K, N]` in f32 accumulation (see [`NemotronOps::matmul`]).
+pub fn matmul(a: Tensor<3>, b: Tensor<3>) -> Tensor<3> {
+    let ([bs, m, k], [bs2, k2, n]) = (a.dims(), b.dims());
+    assert!(
+        bs == bs2 && k == k2,
+        "matmul: [{bs}, {m}, {k}] · [{bs2}, {k2}, {n}]"
+    );
+    out(<D as NemotronOps>::matmul(a.into_dispatch(), b.into_dispatch()))
+}
+
+/// `[M, K] · [K, N]` through [`matmul`].
+pub fn mm(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    matmul(x.unsqueeze::<3>(), w.unsqueeze::<3>()).squeeze_dim(0)
+}
+
+fn check_rows(op: &str, x: &Tensor<2>, shape: StackShape, experts: Option<&Tensor<1, Int>>) {
+    let [_, k] = x.dims();
+    assert_eq!(
+        k, shape.in_features,
+        "{op}: x has {k} columns, the weight {} inputs",
+        shape.in_features
+    );
+    if experts.is_none() {
+        assert_eq!(shape.experts, 1, "{op}: a plain linear over a stack of {}", shape.experts);
+    }
+}
+
+/// `epi(x · Wᵀ)` for an NVFP4 linear (weight-only: activations stay float).
+pub fn nvfp4_linear(x: Tensor<2>, w: &Nvfp4Weights<D>, epilogue: Epilogue) -> Tensor<2> {
+    check_rows("nvfp4_linear", &x, w.shape, None);
+    out(<D as NemotronOps>::nvfp4_linear(x.into_dispatch(), w.clone(), Rows::Each, epilogue))
+}
+
+/// Routed-expert NVFP4 linear: `y[s] = epi(W[experts[s]] · x[s / div])`.
+pub fn nvfp4_expert_linear(
+    x: Tensor<2>,
+    experts: Tensor<1, Int>,
+    div: usize,
+    w: &Nvfp4Weights<D>,
+    epilogue: Epilogue,
+) -> Tensor<2> {
+    check_rows("nvfp4_expert_linear", &x, w.shape, Some(&experts));
+    let rows = Rows::Routed {
+        experts: experts.into_dispatch(),
+        div,
+    };
+    out(<D as NemotronOps>::nvfp4_linear(x.into_dispatch(), w.clone(), rows, epilogue))
+}
+
+/// `epi(x · Wᵀ)` for a static W8A8 FP8 linear.
+pub fn fp8_linear(x: Tensor<2>, w: &Fp8Weights<D>, epilogue: Epilogue) -> Tensor<2> {
+    check_rows("fp8_linear", &x, w.shape, None);
+    out(<D as NemotronOps>::fp8_linear(x.into_dispatch(), w.clone(), Rows::Each, epilogue))
+}
+
+/// Routed-expert FP8 W8A8 linear (each slot quantizes with its expert's input scale).
+pub fn fp8_expert_linear(
+    x: Tensor<2>,
+    experts: Tensor<1, Int>,
+    div: usize,
+    w: &Fp8Weights<D>,
+    epilogue: Epilogue,
+) -> Tensor<2> {
+    check_rows("fp8_expert_linear", &x, w.shape, Some(&experts));
+    let rows = Rows::Routed {
+        experts: experts.into_dispatch(),
+        div,
+    };
+    out(<D as NemotronOps>::fp8_linear(x.into_dispatch(), w.clone(), rows, epilogue))
+}
+
+/// `relu(x)²`.
+pub fn relu2<const N: usize>(x: Tensor<N>) -> Tensor<N> {
+    let r = burn::tensor::activation::relu(x);
+    r.clone() * r
+}
+
+/// Group RMSNorm, optionally gated (see [`NemotronOps::rms_norm`]).
+pub fn rms_norm(
+    x: Tensor<2>,
+    gate: Option<Tensor<2>>,
+    weight: Tensor<1>,
+    groups: usize,
+    eps: f64,
+) -> Tensor<2> {
+    let [r, h] = x.dims();
+    assert!(
+        groups > 0 && h % groups == 0,
+        "rms_norm: {groups} groups do not divide {h} channels"
+    );
+    assert_eq!(weight.dims(), [h], "rms_norm: weight for {h} channels");
+    if let Some(g) = &gate {
+        assert_eq!(g.dims(), [r, h], "rms_norm: gate shape");
+    }
+    let gate: Maybe<D> = gate.map(|g| g.into_dispatch()).into();
+    out(<D as NemotronOps>::rms_norm(
+        x.into_dispatch(),
+        gate,
+        weight.into_dispatch(),
+        groups,
+        eps,
+    ))
+}
+
+/// MoE routing (see [`NemotronOps::moe_route`]): `(indices [N, k], weights [N, k] f32)`.
+pub fn moe_route(
+    logits: Tensor<2>,
+    bias: Tensor<1>,
+    config: &RouteConfig,
+) -> (Tensor<2, Int>, Tensor<2>) {
+    let [_, e] = logits.dims();
+    let c = config;
+    assert!(
+        c.n_group >= 1 && c.n_group <= 32 && e % c.n_group == 0 && c.top_k <= e
+            && c.topk_group <= c.n_group,
+        "moe_route: {e} experts, {} groups (top {}), top-{}",
+        c.n_group,
+        c.topk_group,
+        c.top_k
+    );
+    assert_eq!(bias.dims(), [e], "moe_route: bias for {e} experts");
+    let (i, w) = <D as NemotronOps>::moe_route(logits.into_dispatch(), bias.into_dispatch(), *config);
+    (Tensor::from_dispatch(i), out(w))
+}
+
+/// `softplus(dt + bias)`, then `max(·, min)` where given (see [`NemotronOps::dt_softplus`]).
+pub fn dt_softplus(dt: Tensor<3>, bias: Tensor<1>, min: Option<f32>) -> Tensor<3> {
+    let [_, _, h] = dt.dims();
+    assert_eq!(bias.dims(), [h], "dt_softplus: bias for {h} heads");
+    out(<D as NemotronOps>::dt_softplus(dt.into_dispatch(), bias.into_dispatch(), min))
+}
+
+/// `lens` for the ops: empty when every sequence fills `t` (no lengths buffer on the device,
+/// which keeps a decode step free of host writes).
+fn ragged(lens: &[usize], batch: usize, t: usize) -> &[usize] {
+    assert_eq!(lens.len(), batch, "{} lengths for a batch of {batch}", lens.len());
+    assert!(
+        lens.iter().all(|&l| l <= t),
+        "a sequence length exceeds T = {t}: {lens:?}"
+    );
+    if lens.iter().all(|&l| l == t) {
+        &[]
+    } else {
+        lens
+    }
+}
+
+/// Causal depthwise conv + bias + SiLU with carried state (see [`NemotronOps::causal_conv1d`]).
+pub fn causal_conv1d(
+    x: Tensor<3>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    state: Tensor<3>,
+    lens: &[usize],
+) -> (Tensor<3>, Tensor<3>) {
+    let [b, t, c] = x.dims();
+    let [wc, k] = weight.dims();
+    assert!(wc == c && k >= 1, "causal_conv1d: weight [{wc}, {k}] for {c} channels");
+    assert_eq!(state.dims(), [b, c, k - 1], "causal_conv1d: state shape");
+    let lens = ragged(lens, b, t);
+    let bias: Maybe<D> = bias.map(|b| b.into_dispatch()).into();
+    let (y, s) = <D as NemotronOps>::causal_conv1d(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        bias,
+        state.into_dispatch(),
+        lens,
+    );
+    (out(y), out(s))
+}
+
+/// The selective scan with D skip and carried f32 state (see [`NemotronOps::selective_scan`]).
+#[allow(clippy::too_many_arguments)]
+pub fn selective_scan(
+    x: Tensor<4>,
+    dt: Tensor<3>,
+    a: Tensor<1>,
+    b: Tensor<4>,
+    c: Tensor<4>,
+    d: Tensor<1>,
+    state: Tensor<4>,
+    lens: &[usize],
+) -> (Tensor<4>, Tensor<4>) {
+    let [bs, t, h, p] = x.dims();
+    let [_, _, g, n] = b.dims();
+    assert!(g > 0 && h % g == 0, "selective_scan: {g} groups for {h} heads");
+    assert_eq!(dt.dims(), [bs, t, h], "selective_scan: dt shape");
+    assert_eq!(c.dims(), [bs, t, g, n], "selective_scan: C shape");
+    assert_eq!(state.dims(), [bs, h, p, n], "selective_scan: state shape");
+    let lens = ragged(lens, bs, t);
+    let (y, s) = <D as NemotronOps>::selective_scan(
+        x.into_dispatch(),
+        dt.into_dispatch(),
+        a.into_dispatch(),
+        b.into_dispatch(),
+        c.into_dispatch(),
+        d.into_dispatch(),
+        state.into_dispatch(),
+        lens,
+    );
+    (out(y), out(s))
+}

@@ -1,0 +1,216 @@
+//! NVFP4 and FP8 linears, plain and routed, with and without the relu² epilogue; the E4M3 and E2M1
+//! decoders against the format definitions.
+
+use super::{close, host, Arm, Rng};
+use nemotron_formats as fmt;
+use nemotron_kernels::ops;
+use nemotron_kernels::{Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
+
+fn nvfp4_case(rng: &mut Rng, n: usize, k: usize) -> Nvfp4Matrix {
+    let w = rng.vec(n * k, 0.05);
+    let e = fmt::nvfp4_encode(&w, n, k);
+    Nvfp4Matrix {
+        out_features: n,
+        in_features: k,
+        packed: e.packed,
+        block_scales: e.block_scales,
+        global_scale: e.weight_scale_2,
+    }
+}
+
+fn fp8_case(rng: &mut Rng, n: usize, k: usize, input_scale: f32) -> Fp8Matrix {
+    let (q, ws) = fmt::fp8_encode(&rng.vec(n * k, 0.05));
+    Fp8Matrix {
+        out_features: n,
+        in_features: k,
+        weight: q,
+        weight_scale: ws,
+        input_scale,
+    }
+}
+
+/// The epilogues and the band each gets: relu² doubles the relative error and squares the scale.
+const EPILOGUES: [(Epilogue, f32); 2] = [(Epilogue::None, 1.0), (Epilogue::Relu2, 2.0)];
+
+pub fn nvfp4_linear_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(1, arm));
+    for (m, n, k) in [(1, 96, 64), (1, 40, 2688), (7, 33, 128), (33, 20, 48)] {
+        let w = [nvfp4_case(&mut rng, n, k)];
+        let x = rng.vec(m * k, 1.0);
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::nvfp4_linear(
+                href.t(&x, [m, k]),
+                &Nvfp4Weights::upload(&w, &href.dev),
+                epi,
+            ));
+            let got = host(ops::nvfp4_linear(
+                arm.t(&x, [m, k]),
+                &Nvfp4Weights::upload(&w, &arm.dev),
+                epi,
+            ));
+            let name = format!("nvfp4 {epi:?} {m}×{k}→{n}");
+            close(&name, &got, &want, mult * arm.band.lin);
+        }
+    }
+}
+
+pub fn fp8_linear_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(2, arm));
+    for (m, n, k) in [(1, 50, 64), (9, 24, 256)] {
+        // Calibrated below the activation amax so some inputs saturate at ±448.
+        let w = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
+        let x = rng.vec(m * k, 3.0);
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::fp8_linear(
+                href.t(&x, [m, k]),
+                &Fp8Weights::upload(&w, &href.dev),
+                epi,
+            ));
+            let got = host(ops::fp8_linear(
+                arm.t(&x, [m, k]),
+                &Fp8Weights::upload(&w, &arm.dev),
+                epi,
+            ));
+            // Same activation codes ⇒ only summation order differs.
+            close(&format!("fp8 {epi:?} {m}×{k}→{n}"), &got, &want, mult * arm.band.lin);
+        }
+    }
+}
+
+/// Expert indices for `tokens × k` routing slots (distinct within a token, as top-k gives them),
+/// over `e` experts.
+fn routing(rng: &mut Rng, tokens: usize, k: usize, e: usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut chosen: Vec<i64> = Vec::new();
+        while chosen.len() < k {
+            let c = (((rng.next() + 1.0) * 0.5 * e as f32) as i64).min(e as i64 - 1);
+            if !chosen.contains(&c) {
+                chosen.push(c);
+            }
+        }
+        out.extend(chosen);
+    }
+    out
+}
+
+/// Routed-expert linears (NVFP4 and FP8): up-shaped (`div = k`, slots share a token's row) and
+/// down-shaped (`div = 1`), decode (1 token) and prefill (9 tokens) shaped.
+pub fn expert_linears_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(6, arm));
+    let (e, k_top) = (5, 2);
+    for (tokens, n, k, div) in [(1, 24, 64, 2), (9, 16, 48, 2), (9, 20, 32, 1)] {
+        let slots = tokens * k_top;
+        let idx = routing(&mut rng, tokens, k_top, e);
+        let rows = slots / div;
+        let x = rng.vec(rows * k, 1.0);
+        let nv: Vec<Nvfp4Matrix> = (0..e).map(|_| nvfp4_case(&mut rng, n, k)).collect();
+        let f8: Vec<Fp8Matrix> = (0..e)
+            .map(|i| fp8_case(&mut rng, n, k, (2.0 + i as f32) / 448.0))
+            .collect();
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::nvfp4_expert_linear(
+                href.t(&x, [rows, k]),
+                href.int(&idx),
+                div,
+                &Nvfp4Weights::upload(&nv, &href.dev),
+                epi,
+            ));
+            if epi == Epilogue::None {
+                // Independent of the stacking: each slot against the single-matrix reference.
+                for (s, &ex) in idx.iter().enumerate() {
+                    let row = &x[(s / div) * k..(s / div + 1) * k];
+                    let one =
+                        nemotron_kernels::reference::nvfp4_linear(row, 1, &nv[ex as usize].view());
+                    assert_eq!(&want[s * n..(s + 1) * n], &one[..], "reference slot {s}");
+                }
+            }
+            let got = host(ops::nvfp4_expert_linear(
+                arm.t(&x, [rows, k]),
+                arm.int(&idx),
+                div,
+                &Nvfp4Weights::upload(&nv, &arm.dev),
+                epi,
+            ));
+            let name = format!("nvfp4 experts {epi:?} {slots} slots {k}→{n} div {div}");
+            close(&name, &got, &want, mult * arm.band.lin);
+            let want = host(ops::fp8_expert_linear(
+                href.t(&x, [rows, k]),
+                href.int(&idx),
+                div,
+                &Fp8Weights::upload(&f8, &href.dev),
+                epi,
+            ));
+            let got = host(ops::fp8_expert_linear(
+                arm.t(&x, [rows, k]),
+                arm.int(&idx),
+                div,
+                &Fp8Weights::upload(&f8, &arm.dev),
+                epi,
+            ));
+            let name = format!("fp8 experts {epi:?} {slots} slots {k}→{n} div {div}");
+            close(&name, &got, &want, mult * arm.band.lin);
+        }
+    }
+}
+
+/// Every E4M3 byte through the device's FP8 linear, against the format definition (NaN codes read
+/// as 0): row `r` of the weight holds code `r` and zeros, the input is `[1, 0, 0, 0]` with unit
+/// scales, so `y[r]` is the decoded code, exactly.
+pub fn e4m3_codes_decode_as_defined(arm: &Arm) {
+    let k = 4;
+    let mut weight = vec![0u8; 256 * k];
+    for r in 0..256 {
+        weight[r * k] = r as u8;
+    }
+    let w = [Fp8Matrix {
+        out_features: 256,
+        in_features: k,
+        weight,
+        weight_scale: 1.0,
+        input_scale: 1.0,
+    }];
+    let got = host(ops::fp8_linear(
+        arm.t(&[1.0, 0.0, 0.0, 0.0], [1, k]),
+        &Fp8Weights::upload(&w, &arm.dev),
+        Epilogue::None,
+    ));
+    for (code, &g) in got.iter().enumerate() {
+        let b = code as u8;
+        let want = if fmt::e4m3_is_nan(b) {
+            0.0
+        } else {
+            fmt::e4m3_to_f32(b)
+        };
+        // bf16 activations round the output once (E4M3 values have 4 significant bits: exact).
+        assert_eq!(g, want, "E4M3 code {code:#04x}");
+    }
+}
+
+/// Every E2M1 code (both nibble positions) through the device's NVFP4 linear against the format
+/// definition: row `r` holds code `r % 16` at column `r / 16` of a 16-wide block with unit block and
+/// global scales, the input is ones, so `y[r]` is the decoded code.
+pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
+    let (n, k) = (32, 16);
+    let one = 0x38u8; // E4M3 1.0
+    let mut packed = vec![0u8; n * k / 2];
+    for r in 0..n {
+        let (code, col) = ((r % 16) as u8, r / 16);
+        packed[r * k / 2] = if col == 0 { code } else { code << 4 };
+    }
+    let w = [Nvfp4Matrix {
+        out_features: n,
+        in_features: k,
+        packed,
+        block_scales: vec![one; n],
+        global_scale: 1.0,
+    }];
+    let got = host(ops::nvfp4_linear(
+        arm.t(&[1.0; 16], [1, k]),
+        &Nvfp4Weights::upload(&w, &arm.dev),
+        Epilogue::None,
+    ));
+    for (r, &g) in got.iter().enumerate() {
+        assert_eq!(g, fmt::e2m1_to_f32((r % 16) as u8), "E2M1 code {} in nibble {}", r % 16, r / 16);
+    }
+}

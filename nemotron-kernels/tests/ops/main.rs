@@ -1,0 +1,208 @@
+//! Per-op parity of the CubeCL kernels against the plain-Rust host reference (NdArray), on fresh
+//! random inputs, one generic body per op (`linear`, `mamba`, `norm`, `route`, `matmul`) stamped by
+//! [`arms!`] into three arms:
+//!
+//! - `wgpu::*` (f32): runs in CI on Mesa lavapipe; without a Vulkan adapter the tests fail and say
+//!   so (install `mesa-vulkan-drivers`).
+//! - `cuda_f32::*` and `cuda_bf16::*`: `#[ignore]`d — counted as ignored wherever there is no GPU —
+//!   and run on the device machine with `--ignored`.
+//!
+//! Bands (f32): the kernels sum in another order than the reference (strided partial sums, tree
+//! reduction), so results differ by f32 rounding: relative 1e-5 of the output scale for the
+//! linears and the conv, 1e-4 for the scan (its state compounds over time); the FP8 activation
+//! codes are the same on both sides, so W8A8 gets the same band. bf16: see [`BF16`].
+#![cfg(feature = "cube")]
+
+mod linear;
+mod mamba;
+mod matmul;
+mod norm;
+mod route;
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use nemotron_kernels::rng::Lcg;
+
+/// The shared generator; with `bf16` set every value is rounded to bf16, so the device arm's bf16
+/// inputs and the f32 reference's inputs are the same numbers.
+pub struct Rng {
+    lcg: Lcg,
+    bf16: bool,
+}
+
+impl Rng {
+    pub fn new(seed: u64, arm: &Arm) -> Self {
+        Rng {
+            lcg: Lcg::new(seed),
+            bf16: arm.band.bf16,
+        }
+    }
+    pub fn next(&mut self) -> f32 {
+        self.lcg.uniform()
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        let round = self.bf16;
+        (0..n).map(|_| bf(self.next() * scale, round)).collect()
+    }
+    pub fn round(&self, v: f32) -> f32 {
+        bf(v, self.bf16)
+    }
+}
+
+fn bf(v: f32, round: bool) -> f32 {
+    if round {
+        burn::tensor::bf16::from_f32(v).to_f32()
+    } else {
+        v
+    }
+}
+
+/// Relative bands of one arm: `lin` for the linears, norms and the conv, `scan` for the scan.
+#[derive(Clone, Copy)]
+pub struct Band {
+    pub lin: f32,
+    pub scan: f32,
+    pub bf16: bool,
+}
+
+/// f32: summation order only.
+pub const F32: Band = Band {
+    lin: 1e-5,
+    scan: 1e-4,
+    bf16: false,
+};
+
+/// bf16 activations (inputs pre-rounded, kernels accumulate in f32): the outputs are rounded to
+/// bf16 once, a relative error ≤ 2^-9 of each value, so 2^-8 of the output scale bounds it with
+/// room for the f32 order; an f32→bf16 accumulator over K ≥ 64 terms lands well outside.
+pub const BF16: Band = Band {
+    lin: 3.9e-3,
+    scan: 3.9e-3,
+    bf16: true,
+};
+
+/// A device under test, the activation dtype it runs in, and its bands.
+pub struct Arm {
+    pub dev: Device,
+    pub dtype: DType,
+    pub band: Band,
+}
+
+impl Arm {
+    /// A float tensor on this arm, in its activation dtype.
+    pub fn t<const D: usize>(&self, v: &[f32], shape: [usize; D]) -> Tensor<D> {
+        Tensor::from_data(TensorData::new(v.to_vec(), shape), (&self.dev, self.dtype))
+    }
+    /// An f32 tensor on this arm whatever its activation dtype.
+    pub fn f32<const D: usize>(&self, v: &[f32], shape: [usize; D]) -> Tensor<D> {
+        Tensor::from_data(TensorData::new(v.to_vec(), shape), (&self.dev, DType::F32))
+    }
+    pub fn int(&self, v: &[i64]) -> Tensor<1, Int> {
+        Tensor::from_data(TensorData::new(v.to_vec(), [v.len()]), &self.dev)
+    }
+    /// The host reference arm.
+    pub fn host() -> Arm {
+        Arm {
+            dev: Device::ndarray(),
+            dtype: DType::F32,
+            band: F32,
+        }
+    }
+}
+
+pub fn host<const D: usize>(x: Tensor<D>) -> Vec<f32> {
+    x.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+/// Asserts `max |got − want| ≤ rel × max |want|`, printing the worst elements when it fails.
+pub fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    let d = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!(
+        "{name}: max |Δ| {d:.3e} at scale {scale:.3e} (band {:.1e})",
+        rel * scale
+    );
+    if d > rel * scale {
+        let bad: Vec<(usize, f32, f32)> = got
+            .iter()
+            .zip(want)
+            .enumerate()
+            .filter(|(_, (a, b))| (*a - *b).abs() > rel * scale)
+            .map(|(i, (a, b))| (i, *a, *b))
+            .collect();
+        eprintln!(
+            "  {} of {} differ; first: {:?}",
+            bad.len(),
+            got.len(),
+            &bad[..bad.len().min(12)]
+        );
+    }
+    assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
+}
+
+/// Stamps each `name => body` into a wgpu f32 test and ignored CUDA f32 / bf16 tests.
+macro_rules! arms {
+    ($($name:ident => $body:path),* $(,)?) => {
+        #[cfg(feature = "wgpu")]
+        mod wgpu {
+            use super::*;
+            fn arm() -> super::Arm {
+                super::Arm {
+                    dev: burn::tensor::Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+                    dtype: burn::tensor::DType::F32,
+                    band: super::F32,
+                }
+            }
+            $( #[test] fn $name() { $body(&arm()) } )*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_f32 {
+            use super::*;
+            fn arm() -> super::Arm {
+                super::Arm {
+                    dev: burn::tensor::Device::cuda(0),
+                    dtype: burn::tensor::DType::F32,
+                    band: super::F32,
+                }
+            }
+            $(
+                #[test]
+                #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+                fn $name() { $body(&arm()) }
+            )*
+        }
+        #[cfg(feature = "cuda")]
+        mod cuda_bf16 {
+            use super::*;
+            fn arm() -> super::Arm {
+                super::Arm {
+                    dev: burn::tensor::Device::cuda(0),
+                    dtype: burn::tensor::DType::BF16,
+                    band: super::BF16,
+                }
+            }
+            $(
+                #[test]
+                #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+                fn $name() { $body(&arm()) }
+            )*
+        }
+    };
+}
+
+arms! {
+    nvfp4_linear => linear::nvfp4_linear_matches,
+    fp8_linear => linear::fp8_linear_matches,
+    expert_linears => linear::expert_linears_match,
+    e4m3_codes => linear::e4m3_codes_decode_as_defined,
+    e2m1_codes => linear::e2m1_codes_decode_as_defined,
+    rms_norm => norm::rms_norm_matches,
+    moe_route => route::moe_route_matches,
+    dt_softplus => mamba::dt_softplus_matches,
+    causal_conv1d => mamba::conv_matches,
+    selective_scan => mamba::scan_matches,
+    matmul => matmul::matmul_matches,
+}

@@ -1,0 +1,91 @@
+//! The Mamba2 ops: `softplus(dt + bias)`, the causal conv and the selective scan (ragged batches,
+//! carried state).
+
+use super::{close, host, Arm, Rng};
+use nemotron_kernels::ops;
+
+/// With and without the clamp, over a range that exercises both softplus branches.
+pub fn dt_softplus_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(9, arm));
+    let (b, tt, h) = (2, 5, 12);
+    let dt = rng.vec(b * tt * h, 25.0);
+    let bias = rng.vec(h, 4.0);
+    for min in [None, Some(1e-3f32)] {
+        let run = |a: &Arm| host(ops::dt_softplus(a.t(&dt, [b, tt, h]), a.t(&bias, [h]), min));
+        close(&format!("dt softplus min {min:?}"), &run(arm), &run(&href), arm.band.lin);
+    }
+}
+
+pub fn conv_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(3, arm));
+    let (b, tm, c, k) = (3, 9, 20, 4);
+    // Ragged, and every sequence full (the kernels then run without a lengths buffer).
+    for lens in [[9, 1, 5], [9, 9, 9]] {
+        let x = rng.vec(b * tm * c, 1.0);
+        let w = rng.vec(c * k, 0.5);
+        let bias = rng.vec(c, 0.5);
+        let st = rng.vec(b * c * (k - 1), 1.0);
+        for with_bias in [true, false] {
+            let run = |a: &Arm| {
+                let (y, s) = ops::causal_conv1d(
+                    a.t(&x, [b, tm, c]),
+                    a.t(&w, [c, k]),
+                    with_bias.then(|| a.t(&bias, [c])),
+                    a.t(&st, [b, c, k - 1]),
+                    &lens,
+                );
+                (host(y), host(s))
+            };
+            let ((gy, gs), (ry, rs)) = (run(arm), run(&href));
+            // Padding rows are unspecified: compare the valid ones.
+            for (bb, &len) in lens.iter().enumerate() {
+                let s = bb * tm * c;
+                let name = format!("conv y seq {bb} lens {lens:?} bias {with_bias}");
+                close(&name, &gy[s..s + len * c], &ry[s..s + len * c], arm.band.lin);
+            }
+            close(&format!("conv state lens {lens:?}"), &gs, &rs, arm.band.lin);
+        }
+    }
+}
+
+pub fn scan_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(4, arm));
+    let (b, tm, h, p, g, n) = (2, 11, 4, 8, 2, 16);
+    for lens in [[11, 4], [11, 11]] {
+        let x = rng.vec(b * tm * h * p, 1.0);
+        let dt: Vec<f32> = rng
+            .vec(b * tm * h, 1.0)
+            .iter()
+            .map(|v| rng.round(0.01 + 0.1 * v.abs()))
+            .collect();
+        let a: Vec<f32> = (0..h).map(|i| -(1.0 + i as f32)).collect();
+        let bm = rng.vec(b * tm * g * n, 1.0);
+        let cm = rng.vec(b * tm * g * n, 1.0);
+        let d = rng.vec(h, 1.0);
+        let st = rng.vec(b * h * p * n, 0.5);
+        let run = |ar: &Arm| {
+            // The SSM state is f32 on every arm.
+            let state_in = ar.f32(&st, [b, h, p, n]);
+            let (y, s) = ops::selective_scan(
+                ar.t(&x, [b, tm, h, p]),
+                ar.t(&dt, [b, tm, h]),
+                ar.t(&a, [h]),
+                ar.t(&bm, [b, tm, g, n]),
+                ar.t(&cm, [b, tm, g, n]),
+                ar.t(&d, [h]),
+                state_in.clone(),
+                &lens,
+            );
+            (host(y), host(s), host(state_in))
+        };
+        let ((gy, gs, g_in), (ry, rs, _)) = (run(arm), run(&href));
+        for (bb, &len) in lens.iter().enumerate() {
+            let s = bb * tm * h * p;
+            let name = format!("scan y seq {bb} lens {lens:?}");
+            close(&name, &gy[s..s + len * h * p], &ry[s..s + len * h * p], arm.band.scan);
+        }
+        close(&format!("scan state lens {lens:?}"), &gs, &rs, arm.band.scan);
+        // The input state tensor is not modified in place.
+        close("scan input state untouched", &g_in, &st, 0.0);
+    }
+}

@@ -1,0 +1,37 @@
+//! MoE routing: the same experts in the same order and the same weights as the reference (plain
+//! and grouped, renormalized or not, the biased-weights deviation). Routing runs in f32 on every
+//! arm.
+
+use super::{close, host, Arm, Rng};
+use nemotron_kernels::{ops, RouteConfig};
+
+pub fn moe_route_matches(arm: &Arm) {
+    let href = Arm::host();
+    let mut rng = Rng::new(8, &href);
+    for (n, e, top_k, n_group, topk_group, renorm, biased) in [
+        (1, 128, 6, 1, 1, true, false),
+        (7, 16, 4, 4, 2, true, false),
+        (5, 32, 8, 8, 3, false, false),
+        (3, 16, 2, 2, 1, true, true),
+    ] {
+        let logits = rng.vec(n * e, 4.0);
+        let bias = rng.vec(e, 0.5);
+        let c = RouteConfig {
+            top_k,
+            n_group,
+            topk_group,
+            norm_topk_prob: renorm,
+            routed_scaling_factor: 2.5,
+            weights_from_biased: biased,
+        };
+        let run = |a: &Arm| {
+            let (i, w) = ops::moe_route(a.f32(&logits, [n, e]), a.f32(&bias, [e]), &c);
+            let i: Vec<i64> = i.into_data().convert::<i64>().into_vec().unwrap();
+            (i, host(w))
+        };
+        let ((gi, gw), (ri, rw)) = (run(arm), run(&href));
+        assert_eq!(gi, ri, "route {n}×{e} top-{top_k} groups {n_group}: experts");
+        let name = format!("route {n}×{e} top-{top_k} groups {n_group}/{topk_group} weights");
+        close(&name, &gw, &rw, 1e-5);
+    }
+}
