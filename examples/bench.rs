@@ -66,7 +66,8 @@ struct Args {
     repeats: usize,
     #[arg(long)]
     no_hf: bool,
-    /// Skip the throughput runs; measure eager vs graph-replayed batch-1 decode steps.
+    /// After the throughput runs, measure eager vs graph-replayed batch-1 decode steps
+    /// (`--decode 0` skips the throughput runs).
     #[arg(long)]
     graph: bool,
     /// Skip the model; the device-timed kernel table at the Lightning shapes.
@@ -130,7 +131,11 @@ fn geometry(name: &str) -> Res<Geometry> {
 }
 
 /// Loads the model the arguments name; returns it with the directory HF reads and a label.
-fn load(a: &Args, dev: &Device, dtype: BDType) -> Res<(NemotronH, PathBuf, String, Option<tempfile::TempDir>)> {
+fn load(
+    a: &Args,
+    dev: &Device,
+    dtype: BDType,
+) -> Res<(NemotronH, PathBuf, String, Option<tempfile::TempDir>)> {
     if let Some(g) = &a.synthetic {
         let geom = geometry(g)?;
         let recipe = SynthRecipe::parse(&a.recipe)
@@ -157,7 +162,12 @@ fn load(a: &Args, dev: &Device, dtype: BDType) -> Res<(NemotronH, PathBuf, Strin
         std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
         let m = NemotronH::from_checkpoint(ck, dev, dtype)?;
         let p = cfg_dir.path().to_path_buf();
-        return Ok((m, p, format!("synthetic {g} ({}, in memory)", a.recipe), Some(cfg_dir)));
+        return Ok((
+            m,
+            p,
+            format!("synthetic {g} ({}, in memory)", a.recipe),
+            Some(cfg_dir),
+        ));
     }
     let (dir, label, tmp) = match &a.model {
         Some(d) => (d.clone(), d.display().to_string(), None),
@@ -183,9 +193,16 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
     sync(dev);
     let load = t0.elapsed().as_secs_f64();
-    let report = m.report().cloned().ok_or("the model was not loaded from a checkpoint")?;
+    let report = m
+        .report()
+        .cloned()
+        .ok_or("the model was not loaded from a checkpoint")?;
     // The dtype the model's tensors hold, not the one asked for.
-    println!("backend: {}  activations: {}", a.backend, dtype_name(m.dtype()));
+    println!(
+        "backend: {}  activations: {}",
+        a.backend,
+        dtype_name(m.dtype())
+    );
     println!(
         "model: {label}, {} layers ({})",
         m.layers().len(),
@@ -208,24 +225,24 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     let prompt: Vec<u32> = (0..a.prompt_len[0].min(1024))
         .map(|i| ((i * 7919 + 13) % v) as u32)
         .collect();
-    if a.graph {
-        return graph_step(a, &m, dev, &prompt);
-    }
     if a.step_kernels {
         return step_kernels(&m, dev, &prompt);
     }
     let mut first = (0.0, 0.0);
-    let runs: Vec<(usize, usize)> = a
-        .batch
-        .iter()
-        .flat_map(|&b| {
-            if b > 1 {
-                vec![(b, a.prompt_len[0].min(128))]
-            } else {
-                a.prompt_len.iter().map(|&p| (1, p)).collect()
-            }
-        })
-        .collect();
+    let runs: Vec<(usize, usize)> = if a.decode == 0 {
+        vec![]
+    } else {
+        a.batch
+            .iter()
+            .flat_map(|&b| {
+                if b > 1 {
+                    vec![(b, a.prompt_len[0].min(128))]
+                } else {
+                    a.prompt_len.iter().map(|&p| (1, p)).collect()
+                }
+            })
+            .collect()
+    };
     for (batch, plen) in runs {
         let prompts: Vec<Vec<u32>> = (0..batch)
             .map(|b| {
@@ -266,14 +283,17 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         );
     }
     let (p, d) = first;
+    if a.graph {
+        graph_step(a, &m, dev, &prompt)?;
+    }
     if a.split {
         split_decode(&m, dev, &prompt);
     }
     if a.profile_step {
         profile_step(&m, dev, &prompt);
     }
-    if a.no_hf {
-        println!("HF transformers: skipped (--no-hf)");
+    if a.no_hf || a.decode == 0 {
+        println!("HF transformers: skipped");
         return Ok(());
     }
     hf(a, &dir, p, d)
@@ -349,7 +369,8 @@ fn graph_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> 
     let n = 20usize;
     let eager_step = || -> Tensor<2> {
         let mut s = state.clone();
-        m.forward_last_ids(ids.clone(), &mut [&mut s]).expect("one id row")
+        m.forward_last_ids(ids.clone(), &mut [&mut s])
+            .expect("one id row")
     };
     let eager = eager_step().into_data();
     // Eager: host time to issue N steps, then the wall time once the device is done.
@@ -400,7 +421,12 @@ fn graph_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> 
         capture_s
     );
     println!("  eager : host {:>9.1} µs/step, wall {:>9.1} µs/step ({:.1} tok/s), median of {} × {n} steps", eh * 1e6, ew * 1e6, 1.0 / ew, a.repeats.max(1));
-    println!("  replay: host {:>9.1} µs/step, wall {:>9.1} µs/step ({:.1} tok/s)", rh * 1e6, rw * 1e6, 1.0 / rw);
+    println!(
+        "  replay: host {:>9.1} µs/step, wall {:>9.1} µs/step ({:.1} tok/s)",
+        rh * 1e6,
+        rw * 1e6,
+        1.0 / rw
+    );
     println!("  replayed logits bit-identical to eager: {same}");
     if !same {
         return Err("replayed logits differ from the eager step".into());
@@ -414,7 +440,8 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> {
     let (state, ids) = prefilled(m, dev, prompt)?;
     let step = || {
         let mut s = state.clone();
-        m.forward_last_ids(ids.clone(), &mut [&mut s]).expect("one id row")
+        m.forward_last_ids(ids.clone(), &mut [&mut s])
+            .expect("one id row")
     };
     for _ in 0..3 {
         let _ = step();
@@ -604,7 +631,11 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 in_features: k,
                 packed: rng.bytes(nout * k / 2),
                 // Scale bytes kept below 0x7F so none decodes to NaN.
-                block_scales: rng.bytes(nout * k / 16).into_iter().map(|b| 0x30 + (b % 16)).collect(),
+                block_scales: rng
+                    .bytes(nout * k / 16)
+                    .into_iter()
+                    .map(|b| 0x30 + (b % 16))
+                    .collect(),
                 global_scale: 1e-3,
             })
             .collect()
@@ -619,7 +650,13 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         }
     };
     let mut rows: Vec<Row> = vec![];
-    for (k, nout) in [(2688, 1856), (1856, 2688), (2688, 10304), (4096, 2688), (2688, 131072)] {
+    for (k, nout) in [
+        (2688, 1856),
+        (1856, 2688),
+        (2688, 10304),
+        (4096, 2688),
+        (2688, 131072),
+    ] {
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
         let x = act(&mut rng, vec![1, k]);
         rows.push(Row {
@@ -629,18 +666,28 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             op: Box::new(move || drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None))),
         });
     }
-    for (k, nout, div, epi) in [(2688, 1856, 6, Epilogue::Relu2), (1856, 2688, 1, Epilogue::None)] {
+    for (k, nout, div, epi) in [
+        (2688, 1856, 6, Epilogue::Relu2),
+        (1856, 2688, 1, Epilogue::None),
+    ] {
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
         let x = act(&mut rng, vec![6 / div, k]);
-        let idx = Tensor::<1, Int>::from_data(
-            TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]),
-            dev,
-        );
+        let idx =
+            Tensor::<1, Int>::from_data(TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]), dev);
         rows.push(Row {
             name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?})"),
-            bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64 + esize * (6 / div * k + 6 * nout) as f64,
+            bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64
+                + esize * (6 / div * k + 6 * nout) as f64,
             flops: 12.0 * (k * nout) as f64,
-            op: Box::new(move || drop(ops::nvfp4_expert_linear(x.clone(), idx.clone(), div, &w, epi))),
+            op: Box::new(move || {
+                drop(ops::nvfp4_expert_linear(
+                    x.clone(),
+                    idx.clone(),
+                    div,
+                    &w,
+                    epi,
+                ))
+            }),
         });
     }
     for (k, nout) in [(2688, 10304), (4096, 2688)] {
@@ -655,8 +702,11 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     }
     for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 128, true)] {
         let wd = if f32_weights { BDType::F32 } else { dtype };
-        let w = Tensor::<1>::from_data(TensorData::new(rng.vec(k * nout, 0.05), [k * nout]), (dev, wd))
-            .reshape([k, nout]);
+        let w = Tensor::<1>::from_data(
+            TensorData::new(rng.vec(k * nout, 0.05), [k * nout]),
+            (dev, wd),
+        )
+        .reshape([k, nout]);
         let x = act(&mut rng, vec![1, k]);
         let x = if f32_weights { x.cast(BDType::F32) } else { x };
         let ws = if f32_weights { 4.0 } else { esize };
@@ -681,7 +731,14 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             flops: 5.0 * (h * p * ns) as f64,
             op: Box::new(move || {
                 drop(ops::selective_scan(
-                    x.clone(), dt.clone(), av.clone(), bm.clone(), bm.clone(), d.clone(), st.clone(), &[1],
+                    x.clone(),
+                    dt.clone(),
+                    av.clone(),
+                    bm.clone(),
+                    bm.clone(),
+                    d.clone(),
+                    st.clone(),
+                    &[1],
                 ))
             }),
         });
@@ -693,7 +750,15 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             name: format!("causal conv step {c} channels, K=4"),
             bytes: esize * (c * (1 + 4 + 3 + 3 + 1)) as f64,
             flops: 8.0 * c as f64,
-            op: Box::new(move || drop(ops::causal_conv1d(x.clone(), w.clone(), None, st.clone(), &[1]))),
+            op: Box::new(move || {
+                drop(ops::causal_conv1d(
+                    x.clone(),
+                    w.clone(),
+                    None,
+                    st.clone(),
+                    &[1],
+                ))
+            }),
         });
         let dtr = act(&mut rng, vec![1, h]).reshape([1, 1, h]);
         let bias = Tensor::<1>::ones([h], (dev, dtype));
@@ -739,7 +804,15 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             name: format!("gated group RMSNorm 1×{i}, 8 groups"),
             bytes: esize * (4 * i) as f64,
             flops: 0.0,
-            op: Box::new(move || drop(ops::rms_norm(y.clone(), Some(z.clone()), w.clone(), 8, 1e-5))),
+            op: Box::new(move || {
+                drop(ops::rms_norm(
+                    y.clone(),
+                    Some(z.clone()),
+                    w.clone(),
+                    8,
+                    1e-5,
+                ))
+            }),
         });
     }
     println!(
@@ -757,7 +830,11 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             r.bytes,
             r.bytes / t / 1e9,
             100.0 * r.bytes / t / ceiling,
-            if r.flops > 0.0 { format!("{:.1}", r.flops / t / 1e9) } else { "-".into() }
+            if r.flops > 0.0 {
+                format!("{:.1}", r.flops / t / 1e9)
+            } else {
+                "-".into()
+            }
         );
     }
     Ok(())

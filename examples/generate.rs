@@ -13,9 +13,9 @@
 //! flags default to `generation_config.json` (greedy when it does not sample); temperature 0 is
 //! greedy. Generation stops on every EOS id of `generation_config.json`. Errors: one line, exit 1.
 
+use burn::tensor::Device;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use burn::tensor::Device;
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 use nemotron::{dtype_name, BackendKind, DType, Error, GenerateOptions, NemotronH, TextModel};
 use std::io::{IsTerminal, Write};

@@ -85,7 +85,11 @@ fn host(t: Tensor<2>) -> Vec<f32> {
 fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
     let m = NemotronH::load_as(&a.model, dev, dtype.burn()).map_err(|e| e.to_string())?;
     // The dtype the model's tensors hold, not the one asked for: a mismatch must show.
-    println!("backend: {}, activations: {}", a.backend, dtype_name(m.dtype()));
+    println!(
+        "backend: {}, activations: {}",
+        a.backend,
+        dtype_name(m.dtype())
+    );
     let v = m.config().vocab_size;
     if let Some(bad) = a
         .prompt_ids

@@ -269,7 +269,12 @@ mod wgpu {
     }
     #[test]
     fn wgpu_f32_matches_hf() {
-        super::hf_fixtures_match(&dev(), DType::F32, Band::Rel(F32_BAND), Band::Abs(W8A8_BAND));
+        super::hf_fixtures_match(
+            &dev(),
+            DType::F32,
+            Band::Rel(F32_BAND),
+            Band::Abs(W8A8_BAND),
+        );
     }
     #[test]
     fn wgpu_f32_band_is_armed() {
@@ -291,7 +296,12 @@ mod cuda {
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_f32_matches_hf() {
-        super::hf_fixtures_match(&dev(), DType::F32, Band::Rel(F32_BAND), Band::Abs(W8A8_BAND));
+        super::hf_fixtures_match(
+            &dev(),
+            DType::F32,
+            Band::Rel(F32_BAND),
+            Band::Abs(W8A8_BAND),
+        );
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
@@ -320,7 +330,12 @@ mod cuda {
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_bf16_band_is_armed() {
-        super::band_is_armed(&dev(), DType::BF16, Band::HfBf16(BF16_DRIFTS), super::rope());
+        super::band_is_armed(
+            &dev(),
+            DType::BF16,
+            Band::HfBf16(BF16_DRIFTS),
+            super::rope(),
+        );
     }
     /// The host comparison uses the NVFP4 recipe (W8A8 under bf16 is chaotic, see above); the
     /// band is the widest HF-drift band of the fixtures relative to their scale (2 × 0.064 / 3.72
@@ -351,12 +366,23 @@ mod cuda {
             .and_then(|deps| deps.parent())
             .map(|dir| dir.join("examples/parity"))
             .unwrap();
-        assert!(bin.exists(), "{} is missing: build the examples first", bin.display());
+        assert!(
+            bin.exists(),
+            "{} is missing: build the examples first",
+            bin.display()
+        );
         let tmp = tempfile::tempdir().unwrap();
         let run = |dtype: &str| -> (String, Vec<u8>) {
             let out = tmp.path().join(format!("{dtype}.safetensors"));
             let o = std::process::Command::new(&bin)
-                .args(["--backend", "cuda", "--dtype", dtype, "--prompt-ids", "3,5,7,11,13"])
+                .args([
+                    "--backend",
+                    "cuda",
+                    "--dtype",
+                    dtype,
+                    "--prompt-ids",
+                    "3,5,7,11,13",
+                ])
                 .args(["--force-ids", "17,19,23"])
                 .arg("--model")
                 .arg(super::fixture("all_letters"))
@@ -375,8 +401,17 @@ mod cuda {
         let (say32, f32s) = run("f32");
         let (say16, bf16s) = run("bf16");
         eprintln!("f32 run: {say32}bf16 run: {say16}");
-        assert!(say32.contains("activations: f32"), "f32 run reported: {say32}");
-        assert!(say16.contains("activations: bf16"), "bf16 run reported: {say16}");
-        assert_ne!(f32s, bf16s, "--dtype bf16 wrote the f32 run's logits bit for bit");
+        assert!(
+            say32.contains("activations: f32"),
+            "f32 run reported: {say32}"
+        );
+        assert!(
+            say16.contains("activations: bf16"),
+            "bf16 run reported: {say16}"
+        );
+        assert_ne!(
+            f32s, bf16s,
+            "--dtype bf16 wrote the f32 run's logits bit for bit"
+        );
     }
 }

@@ -14,8 +14,8 @@
 //! The counterfactual tests show each band rejects a plausible wrong model.
 
 mod common;
-use common::*;
 use burn::tensor::DType;
+use common::*;
 use nemotron::model::{Deviations, NemotronH};
 
 const BAND: f32 = 1e-5;

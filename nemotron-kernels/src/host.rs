@@ -16,7 +16,10 @@ fn floats(t: NdArrayTensor) -> (Vec<f32>, Vec<usize>) {
     let v = match t {
         NdArrayTensor::F32(s) => s.view().iter().copied().collect(),
         NdArrayTensor::F64(s) => s.view().iter().map(|&v| v as f32).collect(),
-        other => panic!("host reference: expected a float tensor, got {:?}", other.dtype()),
+        other => panic!(
+            "host reference: expected a float tensor, got {:?}",
+            other.dtype()
+        ),
     };
     (v, shape)
 }
@@ -30,14 +33,20 @@ fn indices(t: NdArrayTensor) -> Vec<usize> {
     match t {
         NdArrayTensor::I64(s) => s.view().iter().map(|&v| v as usize).collect(),
         NdArrayTensor::I32(s) => s.view().iter().map(|&v| v as usize).collect(),
-        other => panic!("host reference: expected int indices, got {:?}", other.dtype()),
+        other => panic!(
+            "host reference: expected int indices, got {:?}",
+            other.dtype()
+        ),
     }
 }
 
 /// Packed words as the shipped bytes, without a copy when the words are contiguous.
 fn bytes(t: &NdArrayTensor) -> Cow<'_, [u8]> {
     let NdArrayTensor::I32(s) = t else {
-        panic!("host reference: packed weights must be I32 words, got {:?}", t.dtype())
+        panic!(
+            "host reference: packed weights must be I32 words, got {:?}",
+            t.dtype()
+        )
     };
     let view = s.view();
     match view.to_slice() {
@@ -69,7 +78,10 @@ impl NemotronOps for NdArray {
         let (experts, div) = routing(rows, shape[0]);
         let s = w.shape;
         let (packed, scales, globals) = (bytes(&w.packed), bytes(&w.scales), floats(w.globals).0);
-        let (pb, sb) = (s.out_features * s.in_features / 2, s.out_features * s.in_features / 16);
+        let (pb, sb) = (
+            s.out_features * s.in_features / 2,
+            s.out_features * s.in_features / 16,
+        );
         let views: Vec<Nvfp4View> = (0..s.experts)
             .map(|e| Nvfp4View {
                 out_features: s.out_features,

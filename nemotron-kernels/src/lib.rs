@@ -20,15 +20,15 @@ pub mod reference;
 pub mod rng;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{backend_extension, Backend, ExtensionType};
-#[allow(unused_imports)]
-use burn::backend::{Dispatch, NdArray};
 #[cfg(feature = "cuda")]
 #[allow(unused_imports)]
 use burn::backend::Cuda;
+#[allow(unused_imports)]
+use burn::backend::NdArray;
 #[cfg(feature = "wgpu")]
 #[allow(unused_imports)]
 use burn::backend::Wgpu;
+use burn::backend::{backend_extension, Backend, ExtensionType};
 
 /// An NVFP4 matrix as shipped: `out × in`, E2M1 codes packed two per byte along `in` (low nibble =
 /// even column), one E4M3 scale per 16 inputs, one f32 global scale that multiplies every element.
@@ -225,8 +225,11 @@ pub trait NemotronOps: Backend {
     /// Mamba2's `dt = softplus(dt_raw + dt_bias)` (`[B, T, H]`, bias `[H]`), evaluated as
     /// `max(x, 0) + log1p(exp(−|x|))`, then `max(dt, min)` where a minimum is given (HF's prefill
     /// clamp, a deviation here).
-    fn dt_softplus(dt: FloatTensor<Self>, bias: FloatTensor<Self>, min: Option<f32>)
-        -> FloatTensor<Self>;
+    fn dt_softplus(
+        dt: FloatTensor<Self>,
+        bias: FloatTensor<Self>,
+        min: Option<f32>,
+    ) -> FloatTensor<Self>;
 
     /// Depthwise causal conv over time + bias + SiLU.
     /// `x`: `[B, T, C]`; `weight`: `[C, K]` (`[.., K-1]` multiplies the current token);

@@ -3,8 +3,8 @@
 //! device the tensors live on.
 
 use crate::{
-    bytes_to_words, Epilogue, Fp8Matrix, Fp8Weights, Maybe, NemotronOps, Nvfp4Matrix,
-    Nvfp4Weights, RouteConfig, Rows, StackShape,
+    bytes_to_words, Epilogue, Fp8Matrix, Fp8Weights, Maybe, NemotronOps, Nvfp4Matrix, Nvfp4Weights,
+    RouteConfig, Rows, StackShape,
 };
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -30,7 +30,10 @@ fn stack_shape(shapes: impl Iterator<Item = (usize, usize)>) -> StackShape {
     for (i, s) in shapes.enumerate() {
         match first {
             None => first = Some(s),
-            Some(f) => assert_eq!(f, s, "matrix {i} of a stack has another shape than matrix 0"),
+            Some(f) => assert_eq!(
+                f, s,
+                "matrix {i} of a stack has another shape than matrix 0"
+            ),
         }
         experts += 1;
     }
@@ -97,7 +100,10 @@ pub fn matmul(a: Tensor<3>, b: Tensor<3>) -> Tensor<3> {
         bs == bs2 && k == k2,
         "matmul: [{bs}, {m}, {k}] · [{bs2}, {k2}, {n}]"
     );
-    out(<D as NemotronOps>::matmul(a.into_dispatch(), b.into_dispatch()))
+    out(<D as NemotronOps>::matmul(
+        a.into_dispatch(),
+        b.into_dispatch(),
+    ))
 }
 
 /// `[M, K] · [K, N]` through [`matmul`].
@@ -113,14 +119,23 @@ fn check_rows(op: &str, x: &Tensor<2>, shape: StackShape, experts: Option<&Tenso
         shape.in_features
     );
     if experts.is_none() {
-        assert_eq!(shape.experts, 1, "{op}: a plain linear over a stack of {}", shape.experts);
+        assert_eq!(
+            shape.experts, 1,
+            "{op}: a plain linear over a stack of {}",
+            shape.experts
+        );
     }
 }
 
 /// `epi(x · Wᵀ)` for an NVFP4 linear (weight-only: activations stay float).
 pub fn nvfp4_linear(x: Tensor<2>, w: &Nvfp4Weights<D>, epilogue: Epilogue) -> Tensor<2> {
     check_rows("nvfp4_linear", &x, w.shape, None);
-    out(<D as NemotronOps>::nvfp4_linear(x.into_dispatch(), w.clone(), Rows::Each, epilogue))
+    out(<D as NemotronOps>::nvfp4_linear(
+        x.into_dispatch(),
+        w.clone(),
+        Rows::Each,
+        epilogue,
+    ))
 }
 
 /// Routed-expert NVFP4 linear: `y[s] = epi(W[experts[s]] · x[s / div])`.
@@ -136,13 +151,23 @@ pub fn nvfp4_expert_linear(
         experts: experts.into_dispatch(),
         div,
     };
-    out(<D as NemotronOps>::nvfp4_linear(x.into_dispatch(), w.clone(), rows, epilogue))
+    out(<D as NemotronOps>::nvfp4_linear(
+        x.into_dispatch(),
+        w.clone(),
+        rows,
+        epilogue,
+    ))
 }
 
 /// `epi(x · Wᵀ)` for a static W8A8 FP8 linear.
 pub fn fp8_linear(x: Tensor<2>, w: &Fp8Weights<D>, epilogue: Epilogue) -> Tensor<2> {
     check_rows("fp8_linear", &x, w.shape, None);
-    out(<D as NemotronOps>::fp8_linear(x.into_dispatch(), w.clone(), Rows::Each, epilogue))
+    out(<D as NemotronOps>::fp8_linear(
+        x.into_dispatch(),
+        w.clone(),
+        Rows::Each,
+        epilogue,
+    ))
 }
 
 /// Routed-expert FP8 W8A8 linear (each slot quantizes with its expert's input scale).
@@ -158,7 +183,12 @@ pub fn fp8_expert_linear(
         experts: experts.into_dispatch(),
         div,
     };
-    out(<D as NemotronOps>::fp8_linear(x.into_dispatch(), w.clone(), rows, epilogue))
+    out(<D as NemotronOps>::fp8_linear(
+        x.into_dispatch(),
+        w.clone(),
+        rows,
+        epilogue,
+    ))
 }
 
 /// `relu(x)²`.
@@ -203,7 +233,10 @@ pub fn moe_route(
     let [_, e] = logits.dims();
     let c = config;
     assert!(
-        c.n_group >= 1 && c.n_group <= 32 && e % c.n_group == 0 && c.top_k <= e
+        c.n_group >= 1
+            && c.n_group <= 32
+            && e % c.n_group == 0
+            && c.top_k <= e
             && c.topk_group <= c.n_group,
         "moe_route: {e} experts, {} groups (top {}), top-{}",
         c.n_group,
@@ -211,7 +244,8 @@ pub fn moe_route(
         c.top_k
     );
     assert_eq!(bias.dims(), [e], "moe_route: bias for {e} experts");
-    let (i, w) = <D as NemotronOps>::moe_route(logits.into_dispatch(), bias.into_dispatch(), *config);
+    let (i, w) =
+        <D as NemotronOps>::moe_route(logits.into_dispatch(), bias.into_dispatch(), *config);
     (Tensor::from_dispatch(i), out(w))
 }
 
@@ -219,13 +253,22 @@ pub fn moe_route(
 pub fn dt_softplus(dt: Tensor<3>, bias: Tensor<1>, min: Option<f32>) -> Tensor<3> {
     let [_, _, h] = dt.dims();
     assert_eq!(bias.dims(), [h], "dt_softplus: bias for {h} heads");
-    out(<D as NemotronOps>::dt_softplus(dt.into_dispatch(), bias.into_dispatch(), min))
+    out(<D as NemotronOps>::dt_softplus(
+        dt.into_dispatch(),
+        bias.into_dispatch(),
+        min,
+    ))
 }
 
 /// `lens` for the ops: empty when every sequence fills `t` (no lengths buffer on the device,
 /// which keeps a decode step free of host writes).
 fn ragged(lens: &[usize], batch: usize, t: usize) -> &[usize] {
-    assert_eq!(lens.len(), batch, "{} lengths for a batch of {batch}", lens.len());
+    assert_eq!(
+        lens.len(),
+        batch,
+        "{} lengths for a batch of {batch}",
+        lens.len()
+    );
     assert!(
         lens.iter().all(|&l| l <= t),
         "a sequence length exceeds T = {t}: {lens:?}"
@@ -247,7 +290,10 @@ pub fn causal_conv1d(
 ) -> (Tensor<3>, Tensor<3>) {
     let [b, t, c] = x.dims();
     let [wc, k] = weight.dims();
-    assert!(wc == c && k >= 1, "causal_conv1d: weight [{wc}, {k}] for {c} channels");
+    assert!(
+        wc == c && k >= 1,
+        "causal_conv1d: weight [{wc}, {k}] for {c} channels"
+    );
     assert_eq!(state.dims(), [b, c, k - 1], "causal_conv1d: state shape");
     let lens = ragged(lens, b, t);
     let bias: Maybe<D> = bias.map(|b| b.into_dispatch()).into();
@@ -275,7 +321,10 @@ pub fn selective_scan(
 ) -> (Tensor<4>, Tensor<4>) {
     let [bs, t, h, p] = x.dims();
     let [_, _, g, n] = b.dims();
-    assert!(g > 0 && h % g == 0, "selective_scan: {g} groups for {h} heads");
+    assert!(
+        g > 0 && h % g == 0,
+        "selective_scan: {g} groups for {h} heads"
+    );
     assert_eq!(dt.dims(), [bs, t, h], "selective_scan: dt shape");
     assert_eq!(c.dims(), [bs, t, g, n], "selective_scan: C shape");
     assert_eq!(state.dims(), [bs, h, p, n], "selective_scan: state shape");

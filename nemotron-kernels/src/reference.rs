@@ -154,12 +154,7 @@ fn expert_linear<M>(
 }
 
 /// Routed-expert NVFP4 linear (slots grouped by expert, as in `expert_linear`).
-pub fn nvfp4_expert_linear(
-    x: &[f32],
-    experts: &[usize],
-    div: usize,
-    w: &[Nvfp4View],
-) -> Vec<f32> {
+pub fn nvfp4_expert_linear(x: &[f32], experts: &[usize], div: usize, w: &[Nvfp4View]) -> Vec<f32> {
     let shape = (w[0].in_features, w[0].out_features);
     expert_linear(x, experts, div, w, shape, nvfp4_linear)
 }

@@ -44,10 +44,19 @@ impl Block {
             }
             MixerWeights::Moe(m) => {
                 let c = cfg.moe.as_ref().unwrap_or_else(|| section("moe"));
-                Mixer::Moe(Moe::from_weights(m, c, dev, dtype, dv.bias_in_routing_weights))
+                Mixer::Moe(Moe::from_weights(
+                    m,
+                    c,
+                    dev,
+                    dtype,
+                    dv.bias_in_routing_weights,
+                ))
             }
             MixerWeights::Attention(a) => {
-                let c = cfg.attention.as_ref().unwrap_or_else(|| section("attention"));
+                let c = cfg
+                    .attention
+                    .as_ref()
+                    .unwrap_or_else(|| section("attention"));
                 Mixer::Attention(Attention::from_weights(a, c, dev, dtype, dv.rope_theta))
             }
             MixerWeights::Mlp(m) => Mixer::Mlp(Mlp::from_weights(m, dev, dtype)),

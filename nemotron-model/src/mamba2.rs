@@ -56,7 +56,11 @@ impl Mamba2 {
             dt_bias: from_vec(w.dt_bias, [h], dev, dtype),
             norm: GatedRmsNorm {
                 weight: float(&w.norm, dev, dtype),
-                groups: if dv.gated_norm_whole_width { 1 } else { cfg.n_groups },
+                groups: if dv.gated_norm_whole_width {
+                    1
+                } else {
+                    cfg.n_groups
+                },
                 eps,
             },
             out_proj: proj(w.out_proj),

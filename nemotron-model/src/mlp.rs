@@ -24,7 +24,14 @@ impl Mlp {
     }
 
     pub fn from_expert(w: ExpertWeights, dev: &Device, dtype: DType) -> Self {
-        Self::from_weights(MlpWeights { up: w.up, down: w.down }, dev, dtype)
+        Self::from_weights(
+            MlpWeights {
+                up: w.up,
+                down: w.down,
+            },
+            dev,
+            dtype,
+        )
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {

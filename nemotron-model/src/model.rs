@@ -37,12 +37,20 @@ impl NemotronH {
     }
 
     /// Like [`Self::load`], with activations in `dtype` whatever the device's default.
-    pub fn load_as(dir: impl AsRef<Path>, device: &Device, dtype: DType) -> Result<Self, ModelError> {
+    pub fn load_as(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
         Self::from_checkpoint(Checkpoint::load(dir)?, device, dtype)
     }
 
     /// Builds the model from a loaded checkpoint, consuming its host weights.
-    pub fn from_checkpoint(ck: Checkpoint, device: &Device, dtype: DType) -> Result<Self, ModelError> {
+    pub fn from_checkpoint(
+        ck: Checkpoint,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self, ModelError> {
         Self::build(ck, device, dtype, &Deviations::default())
     }
 
@@ -57,7 +65,12 @@ impl NemotronH {
         Self::build(Checkpoint::load(dir)?, device, dtype, &d)
     }
 
-    fn build(ck: Checkpoint, dev: &Device, dtype: DType, dv: &Deviations) -> Result<Self, ModelError> {
+    fn build(
+        ck: Checkpoint,
+        dev: &Device,
+        dtype: DType,
+        dv: &Deviations,
+    ) -> Result<Self, ModelError> {
         if !ACTIVATION_DTYPES.contains(&dtype) {
             return Err(ModelError::Unsupported {
                 tensor: "activations".into(),
@@ -270,10 +283,8 @@ impl NemotronH {
                 ids[b * t_max + t] = id as i32;
             }
         }
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(ids, [tokens.len(), t_max]),
-            &self.device,
-        );
+        let ids =
+            Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), t_max]), &self.device);
         Ok(self.blocks(ids, &lens, states, seen))
     }
 

@@ -185,8 +185,14 @@ impl Moe {
 impl Experts {
     /// Puts one layer's routed experts on the device: stacked when every expert has the same form
     /// (NVFP4, FP8 or dense), expert by expert otherwise.
-    pub fn from_weights(experts: Vec<nemotron_loader::ExpertWeights>, dev: &Device, dtype: DType) -> Self {
-        let all = |f: fn(&W) -> bool| !experts.is_empty() && experts.iter().all(|e| f(&e.up) && f(&e.down));
+    pub fn from_weights(
+        experts: Vec<nemotron_loader::ExpertWeights>,
+        dev: &Device,
+        dtype: DType,
+    ) -> Self {
+        let all = |f: fn(&W) -> bool| {
+            !experts.is_empty() && experts.iter().all(|e| f(&e.up) && f(&e.down))
+        };
         if all(|w| matches!(w, W::Nvfp4(_))) {
             let (up, down): (Vec<_>, Vec<_>) = experts
                 .into_iter()
@@ -334,10 +340,9 @@ mod tests {
                     up: Tensor::stack(dup.clone(), 0),
                     down: Tensor::stack(ddown.clone(), 0),
                 },
-                per(
-                    &|i| Linear::Dense(dup[i].clone()),
-                    &|i| Linear::Dense(ddown[i].clone()),
-                ),
+                per(&|i| Linear::Dense(dup[i].clone()), &|i| {
+                    Linear::Dense(ddown[i].clone())
+                }),
             ),
         ];
         let h = tensor(vals(2 * 5 * hid, 3, 1.0), [2, 5, hid]);

@@ -158,4 +158,3 @@ fn next_unit(state: &mut u64) -> f32 {
 pub(crate) fn is_plain_greedy(s: &Sampling) -> bool {
     s.temperature <= 0.0 && s.repetition_penalty == 1.0
 }
-

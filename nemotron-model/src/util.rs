@@ -14,7 +14,12 @@ pub fn float<const D: usize>(t: &HostTensor, dev: &Device, dtype: DType) -> Tens
     from_vec(v, shape, dev, dtype)
 }
 
-pub fn from_vec<const D: usize>(v: Vec<f32>, shape: [usize; D], dev: &Device, dtype: DType) -> Tensor<D> {
+pub fn from_vec<const D: usize>(
+    v: Vec<f32>,
+    shape: [usize; D],
+    dev: &Device,
+    dtype: DType,
+) -> Tensor<D> {
     Tensor::from_data(TensorData::new(v, shape), (dev, dtype))
 }
 

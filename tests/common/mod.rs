@@ -189,10 +189,7 @@ pub fn row_diffs(a: &[f32], b: &[f32], width: usize) -> Vec<f32> {
 
 /// Per-row max |Δ| of a model against a reference (prefill rows, teacher-forced decode rows) and
 /// the logit scale.
-pub fn compare_rows(
-    m: &NemotronH,
-    r: &Reference,
-) -> (Vec<f32>, Vec<f32>, f32) {
+pub fn compare_rows(m: &NemotronH, r: &Reference) -> (Vec<f32>, Vec<f32>, f32) {
     let v = r.prefill.len() / r.prompt.len();
     let mut s = m.new_state();
     let prefill = rows(m.forward_one(&r.prompt, &mut s).unwrap());

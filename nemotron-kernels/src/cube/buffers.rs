@@ -41,7 +41,12 @@ pub(crate) fn empty<R: CubeRuntime>(
     shape: impl Into<Shape>,
     dtype: DType,
 ) -> CubeTensor<R> {
-    empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape.into(), dtype)
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        shape.into(),
+        dtype,
+    )
 }
 
 /// The buffer of a contiguous tensor, by element count.
@@ -85,7 +90,10 @@ pub(crate) use with_float;
 /// Elementwise launch geometry: `n` units in cubes of [`ELEMWISE_BLOCK`].
 pub(crate) fn elemwise(n: usize) -> (CubeCount, CubeDim) {
     let cubes = n.div_ceil(ELEMWISE_BLOCK as usize).max(1) as u32;
-    (CubeCount::Static(cubes, 1, 1), CubeDim::new_1d(ELEMWISE_BLOCK))
+    (
+        CubeCount::Static(cubes, 1, 1),
+        CubeDim::new_1d(ELEMWISE_BLOCK),
+    )
 }
 
 /// Units per cube of the elementwise kernels.

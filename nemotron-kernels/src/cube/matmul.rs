@@ -63,8 +63,7 @@ pub fn matmul_kernel<F: Float>(
 pub fn launch<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
     let out_dtype = a.dtype;
     // Read in the storage dtype (a bf16 weight is not widened per call); f32 otherwise.
-    let dtype = if a.dtype == b.dtype && matches!(a.dtype, DType::F32 | DType::BF16 | DType::F16)
-    {
+    let dtype = if a.dtype == b.dtype && matches!(a.dtype, DType::F32 | DType::BF16 | DType::F16) {
         a.dtype
     } else {
         DType::F32

@@ -89,11 +89,60 @@ pub fn memory_in_use(device: &burn::tensor::Device) -> Option<u64> {
             .ok()
             .map(|u| u.bytes_in_use),
         #[cfg(feature = "wgpu")]
-        DispatchDevice::Wgpu(d) => cubecl::wgpu::WgpuRuntime::<cubecl::wgpu::AutoCompiler>::client(d)
-            .memory_usage()
-            .ok()
-            .map(|u| u.bytes_in_use),
+        DispatchDevice::Wgpu(d) => {
+            cubecl::wgpu::WgpuRuntime::<cubecl::wgpu::AutoCompiler>::client(d)
+                .memory_usage()
+                .ok()
+                .map(|u| u.bytes_in_use)
+        }
         #[allow(unreachable_patterns)]
         _ => None,
+    }
+}
+
+/// Writes `data` into the device buffer of the contiguous I32 tensor `t`, in place (the same
+/// device pointer, ordered on the device's stream): how a captured graph's inputs change between
+/// replays. CubeCL devices only; the tensor must be one the graph captured (not a copy of it).
+pub fn write_i32_in_place<const D: usize>(
+    t: &burn::tensor::Tensor<D, burn::tensor::Int>,
+    data: &[i32],
+) -> Result<(), String> {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    if t.dtype() != burn::tensor::DType::I32 || t.shape().num_elements() != data.len() {
+        return Err(format!(
+            "in-place write of {} i32 values into a {:?} tensor of {} elements",
+            data.len(),
+            t.dtype(),
+            t.shape().num_elements()
+        ));
+    }
+    fn write<R: CubeRuntime>(p: CubeTensor<R>, data: &[i32]) -> Result<(), String> {
+        if !p.is_contiguous() {
+            return Err("in-place write into a strided tensor".into());
+        }
+        p.client
+            .write(&p.handle, cubecl::bytes::Bytes::from_elems(data.to_vec()));
+        Ok(())
+    }
+    match t.device().as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(_) => write(
+            t.clone()
+                .try_into_primitive::<burn::backend::Cuda>()
+                .map_err(|e| format!("{e:?}"))?,
+            data,
+        ),
+        #[cfg(feature = "wgpu")]
+        DispatchDevice::Wgpu(_) => write(
+            t.clone()
+                .try_into_primitive::<burn::backend::Wgpu>()
+                .map_err(|e| format!("{e:?}"))?,
+            data,
+        ),
+        #[allow(unreachable_patterns)]
+        other => Err(format!(
+            "in-place writes need a CubeCL device, not {other:?}"
+        )),
     }
 }

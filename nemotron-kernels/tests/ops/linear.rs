@@ -72,7 +72,12 @@ pub fn fp8_linear_matches(arm: &Arm) {
                 epi,
             ));
             // Same activation codes ⇒ only summation order differs.
-            close(&format!("fp8 {epi:?} {m}×{k}→{n}"), &got, &want, mult * arm.band.lin);
+            close(
+                &format!("fp8 {epi:?} {m}×{k}→{n}"),
+                &got,
+                &want,
+                mult * arm.band.lin,
+            );
         }
     }
 }
@@ -211,6 +216,12 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
         Epilogue::None,
     ));
     for (r, &g) in got.iter().enumerate() {
-        assert_eq!(g, fmt::e2m1_to_f32((r % 16) as u8), "E2M1 code {} in nibble {}", r % 16, r / 16);
+        assert_eq!(
+            g,
+            fmt::e2m1_to_f32((r % 16) as u8),
+            "E2M1 code {} in nibble {}",
+            r % 16,
+            r / 16
+        );
     }
 }

@@ -12,7 +12,12 @@ pub fn dt_softplus_matches(arm: &Arm) {
     let bias = rng.vec(h, 4.0);
     for min in [None, Some(1e-3f32)] {
         let run = |a: &Arm| host(ops::dt_softplus(a.t(&dt, [b, tt, h]), a.t(&bias, [h]), min));
-        close(&format!("dt softplus min {min:?}"), &run(arm), &run(&href), arm.band.lin);
+        close(
+            &format!("dt softplus min {min:?}"),
+            &run(arm),
+            &run(&href),
+            arm.band.lin,
+        );
     }
 }
 
@@ -41,7 +46,12 @@ pub fn conv_matches(arm: &Arm) {
             for (bb, &len) in lens.iter().enumerate() {
                 let s = bb * tm * c;
                 let name = format!("conv y seq {bb} lens {lens:?} bias {with_bias}");
-                close(&name, &gy[s..s + len * c], &ry[s..s + len * c], arm.band.lin);
+                close(
+                    &name,
+                    &gy[s..s + len * c],
+                    &ry[s..s + len * c],
+                    arm.band.lin,
+                );
             }
             close(&format!("conv state lens {lens:?}"), &gs, &rs, arm.band.lin);
         }
@@ -82,9 +92,19 @@ pub fn scan_matches(arm: &Arm) {
         for (bb, &len) in lens.iter().enumerate() {
             let s = bb * tm * h * p;
             let name = format!("scan y seq {bb} lens {lens:?}");
-            close(&name, &gy[s..s + len * h * p], &ry[s..s + len * h * p], arm.band.scan);
+            close(
+                &name,
+                &gy[s..s + len * h * p],
+                &ry[s..s + len * h * p],
+                arm.band.scan,
+            );
         }
-        close(&format!("scan state lens {lens:?}"), &gs, &rs, arm.band.scan);
+        close(
+            &format!("scan state lens {lens:?}"),
+            &gs,
+            &rs,
+            arm.band.scan,
+        );
         // The input state tensor is not modified in place.
         close("scan input state untouched", &g_in, &st, 0.0);
     }

@@ -15,6 +15,11 @@ pub fn matmul_matches(arm: &Arm) {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);
         let run = |x: &Arm| host(ops::matmul(x.t(&a, [b, m, k]), x.t(&w, [b, k, n])));
-        close(&format!("matmul {b}×{m}×{k}·{n}"), &run(arm), &run(&href), arm.band.lin);
+        close(
+            &format!("matmul {b}×{m}×{k}·{n}"),
+            &run(arm),
+            &run(&href),
+            arm.band.lin,
+        );
     }
 }

@@ -30,7 +30,10 @@ pub fn moe_route_matches(arm: &Arm) {
             (i, host(w))
         };
         let ((gi, gw), (ri, rw)) = (run(arm), run(&href));
-        assert_eq!(gi, ri, "route {n}×{e} top-{top_k} groups {n_group}: experts");
+        assert_eq!(
+            gi, ri,
+            "route {n}×{e} top-{top_k} groups {n_group}: experts"
+        );
         let name = format!("route {n}×{e} top-{top_k} groups {n_group}/{topk_group} weights");
         close(&name, &gw, &rw, 1e-5);
     }

@@ -30,7 +30,8 @@ fn fp8_partial<F: Float>(
         let word = weight[row * nw + w];
         for j in 0..4usize {
             let byte = (word >> ((j * 8) as u32)) & 255u32;
-            let xv = (f32::cast_from(x[xrow * k + w * 4 + j]) / input_scale).clamp(-448.0f32, 448.0f32);
+            let xv =
+                (f32::cast_from(x[xrow * k + w * 4 + j]) / input_scale).clamp(-448.0f32, 448.0f32);
             acc += e4m3_round(xv) * e4m3(byte);
         }
         w += CUBE_DIM_X as usize;

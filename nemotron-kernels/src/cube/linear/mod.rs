@@ -54,14 +54,18 @@ pub(crate) fn byte_at(words: &[u32], i: usize) -> u32 {
 pub(crate) fn e4m3_round(v: f32) -> f32 {
     let a = v.abs();
     let min_normal = 0.015625f32; // 2^-6
-    // Keep 3 mantissa bits: drop 20 with round-half-even (a carry moves the exponent up).
-    // Subnormals are multiples of 2^-9: shifted into [2^-6, 2^-5), that is the ulp there.
+                                  // Keep 3 mantissa bits: drop 20 with round-half-even (a carry moves the exponent up).
+                                  // Subnormals are multiples of 2^-9: shifted into [2^-6, 2^-5), that is the ulp there.
     let shifted = a < min_normal;
     let base = if shifted { a + min_normal } else { a };
     let bits = u32::reinterpret(base);
     let lsb = (bits >> 20u32) & 1u32;
     let rounded = f32::reinterpret((bits + 0x7FFFFu32 + lsb) & 0xFFF00000u32);
-    let r = if shifted { rounded - min_normal } else { rounded };
+    let r = if shifted {
+        rounded - min_normal
+    } else {
+        rounded
+    };
     if v < 0.0f32 {
         -r
     } else {
@@ -97,12 +101,7 @@ pub(crate) struct Call<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> Call<R> {
-    pub fn new(
-        x: CubeTensor<R>,
-        rows: Rows<CubeBackend<R>>,
-        n: usize,
-        epilogue: Epilogue,
-    ) -> Self {
+    pub fn new(x: CubeTensor<R>, rows: Rows<CubeBackend<R>>, n: usize, epilogue: Epilogue) -> Self {
         let out_dtype = x.dtype;
         let x = float_buf(x);
         let dtype = x.dtype;
@@ -116,7 +115,10 @@ impl<R: CubeRuntime> Call<R> {
                 (Some(e), s, div)
             }
         };
-        debug_assert_eq!(out_dtype, dtype, "activation dtype {out_dtype:?} has no kernel");
+        debug_assert_eq!(
+            out_dtype, dtype,
+            "activation dtype {out_dtype:?} has no kernel"
+        );
         let y = empty(&x, [slots, n], dtype);
         Call {
             routed: experts.is_some(),
