@@ -20,6 +20,7 @@ pub mod reference;
 pub mod rng;
 
 use burn::backend::tensor::{FloatTensor, IntTensor};
+// `#[backend_extension]` names the backends it dispatches to bare: they must be in scope.
 #[cfg(feature = "cuda")]
 #[allow(unused_imports)]
 use burn::backend::Cuda;
