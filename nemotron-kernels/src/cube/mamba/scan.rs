@@ -51,8 +51,10 @@ pub fn selective_scan_kernel(
         len = lens[b] as usize;
     }
     let srow = ((b * h + hh) * p + pp) * n;
-    for nn in 0..n {
-        new_state[srow + nn] = state[srow + nn];
+    if len == 0 {
+        for nn in 0..n {
+            new_state[srow + nn] = state[srow + nn];
+        }
     }
     for t in 0..len {
         let dtv = dt[(b * t_max + t) * h + hh];
@@ -61,7 +63,13 @@ pub fn selective_scan_kernel(
         let bc = ((b * t_max + t) * g + gg) * n;
         let mut acc = 0.0f32;
         for nn in 0..n {
-            let s = decay * new_state[srow + nn] + dtv * xv * bm[bc + nn];
+            // The first token reads the input state; later ones the state this unit wrote.
+            let prev = if t == 0 {
+                state[srow + nn]
+            } else {
+                new_state[srow + nn]
+            };
+            let s = decay * prev + dtv * xv * bm[bc + nn];
             new_state[srow + nn] = s;
             acc += s * cm[bc + nn];
         }
