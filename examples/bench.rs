@@ -16,7 +16,7 @@
 //! - `--split`, `--profile-step`: a step by layer kind, synchronized per block, and CubeCL's
 //!   kernel log per block (each kernel synchronized: counts are right, times inflated).
 //!
-//! `cargo run --release [--features cuda] --example bench -- [--backend ndarray|wgpu|cuda]
+//! `cargo run --release [--features cuda] --example bench -- [--backend flex|ndarray|wgpu|cuda]
 //!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR | --synthetic lightning]
 //!  [--prompt-len 128] [--decode 32] [--batch 1] [--repeats 3] [--no-hf] [--graph] [--kernels]`
 //!
@@ -37,7 +37,7 @@ use std::time::Instant;
 
 #[derive(Parser, Clone)]
 struct Args {
-    #[arg(long, default_value = "ndarray")]
+    #[arg(long, default_value = "flex")]
     backend: String,
     #[arg(long, default_value = "f32")]
     dtype: String,

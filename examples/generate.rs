@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release --example generate -- --model DIR --prompt "Why is the sky blue?" --chat
 //!  [--system TEXT] [--reasoning on|off] [--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0.05
-//!  --repetition-penalty 1.1 --seed 1] [--max-new-tokens 256] [--backend ndarray] [--dtype f32]`
+//!  --repetition-penalty 1.1 --seed 1] [--max-new-tokens 256] [--backend flex] [--dtype f32]`
 //!
 //! DIR is a Hugging Face checkpoint directory (`config.json`, safetensors, `tokenizer.json`,
 //! `tokenizer_config.json` with `chat_template`, `generation_config.json`). Output streams to stdout;
@@ -61,8 +61,8 @@ struct Args {
     /// Context limit (prompt + output); default: the config's max_position_embeddings.
     #[arg(long)]
     context_length: Option<usize>,
-    /// ndarray | cuda | wgpu
-    #[arg(long, default_value = "ndarray")]
+    /// flex | ndarray | cuda | wgpu
+    #[arg(long, default_value = "flex")]
     backend: String,
     /// f32 | bf16
     #[arg(long, default_value = "f32")]

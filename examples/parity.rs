@@ -1,7 +1,7 @@
 //! Writes the logits other tools compare against:
 //!
 //! `cargo run --release --example parity -- --model DIR --prompt-ids 3,5,7 [--force-ids 9,11,13]
-//!  --out FILE.safetensors [--backend ndarray] [--dtype f32]`
+//!  --out FILE.safetensors [--backend flex] [--dtype f32]`
 //!
 //! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt) and
 //! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
@@ -30,8 +30,8 @@ struct Args {
     force_ids: Vec<u32>,
     #[arg(long)]
     out: PathBuf,
-    /// ndarray | wgpu | cuda
-    #[arg(long, default_value = "ndarray")]
+    /// flex | ndarray | wgpu | cuda
+    #[arg(long, default_value = "flex")]
     backend: String,
     /// f32 | bf16 (cuda)
     #[arg(long, default_value = "f32")]

@@ -6,7 +6,9 @@ use std::str::FromStr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
-    /// The host reference (f32).
+    /// The host reference on Burn's Flex CPU backend (f32): the default.
+    Flex,
+    /// The host reference on Burn's NdArray CPU backend (f32).
     NdArray,
     /// CUDA through CubeCL (f32 or bf16 activations); build with `--features cuda`.
     Cuda,
@@ -18,7 +20,8 @@ impl FromStr for BackendKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self, Error> {
         match s.to_ascii_lowercase().as_str() {
-            "ndarray" | "cpu" | "host" => Ok(BackendKind::NdArray),
+            "flex" | "cpu" | "host" => Ok(BackendKind::Flex),
+            "ndarray" => Ok(BackendKind::NdArray),
             "cuda" => Ok(BackendKind::Cuda),
             "wgpu" => Ok(BackendKind::Wgpu),
             _ => Err(Error::UnknownBackend(s.into())),
@@ -64,15 +67,18 @@ pub fn dtype_name(d: burn::tensor::DType) -> String {
     }
 }
 
-fn built() -> &'static str {
-    match (cfg!(feature = "wgpu"), cfg!(feature = "cuda")) {
-        (false, false) => {
-            "ndarray (f32); rebuild with --features wgpu and/or cuda for the device arms"
-        }
-        (true, false) => "ndarray (f32), wgpu (f32)",
-        (false, true) => "ndarray (f32), cuda (f32, bf16)",
-        (true, true) => "ndarray (f32), wgpu (f32), cuda (f32, bf16)",
+fn built() -> String {
+    let mut arms = vec!["flex (f32)", "ndarray (f32)"];
+    if cfg!(feature = "wgpu") {
+        arms.push("wgpu (f32)");
     }
+    if cfg!(feature = "cuda") {
+        arms.push("cuda (f32, bf16)");
+    }
+    if arms.len() == 2 {
+        arms.push("rebuild with --features wgpu and/or cuda for the device arms");
+    }
+    arms.join(", ")
 }
 
 impl BackendKind {
@@ -81,11 +87,13 @@ impl BackendKind {
         let ok = matches!(
             (self, dtype),
             (BackendKind::NdArray, DType::F32)
+                | (BackendKind::Flex, DType::F32)
                 | (BackendKind::Wgpu, DType::F32)
                 | (BackendKind::Cuda, DType::F32)
                 | (BackendKind::Cuda, DType::Bf16)
         ) && match self {
             BackendKind::NdArray => true,
+            BackendKind::Flex => true,
             BackendKind::Wgpu => cfg!(feature = "wgpu"),
             BackendKind::Cuda => cfg!(feature = "cuda"),
         };
@@ -106,6 +114,7 @@ impl BackendKind {
         self.check(dtype)?;
         let mut device = match self {
             BackendKind::NdArray => Device::ndarray(),
+            BackendKind::Flex => Device::flex(),
             #[cfg(feature = "wgpu")]
             BackendKind::Wgpu => Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
             #[cfg(feature = "cuda")]
@@ -115,6 +124,7 @@ impl BackendKind {
         };
         let what = match self {
             BackendKind::NdArray => "ndarray",
+            BackendKind::Flex => "flex",
             BackendKind::Cuda => {
                 "CUDA (no driver or no GPU: libcuda could not be loaded or no device answered)"
             }

@@ -20,7 +20,7 @@ pub enum Error {
     NoChatTemplate(PathBuf),
     #[error("this chat template has no reasoning switch (it never reads `enable_thinking`); drop --reasoning")]
     NoReasoningSwitch,
-    #[error("unknown backend {0:?} (expected ndarray, cuda or wgpu)")]
+    #[error("unknown backend {0:?} (expected flex, ndarray, cuda or wgpu)")]
     UnknownBackend(String),
     #[error("unknown dtype {0:?} (expected f32 or bf16)")]
     UnknownDtype(String),

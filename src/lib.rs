@@ -13,7 +13,7 @@
 //! let opts = SynthOptions { recipe: SynthRecipe::LightningMixed, ..Default::default() };
 //! write_checkpoint(dir.path(), &Geometry::tiny(), &opts)?;
 //!
-//! let device = Device::ndarray();
+//! let device = Device::flex();
 //! let model = NemotronH::load_as(dir.path(), &device, DType::F32)?;
 //!
 //! // Streaming, one sequence.
@@ -39,7 +39,7 @@
 //! use burn::tensor::{DType, Device};
 //! use nemotron::{GenerateOptions, TextModel};
 //!
-//! let device = Device::ndarray();
+//! let device = Device::flex();
 //! let tm = TextModel::load("/models/nemotron-3-nano", &device, DType::F32)?;
 //! let prompt = tm.chat_prompt(Some("You are terse."), "Name a prime.", Some(false))?;
 //! let opts = tm.default_options(64);

@@ -1,7 +1,7 @@
 //! Self-consistency of the host reference on synthetic checkpoints: incremental decode equals one
 //! prefill over a long sequence, and a ragged batch equals each sequence run alone.
 //!
-//! Band: both sides run the same f32 code on NdArray and differ only in summation order (matmul
+//! Band: both sides run the same f32 code on the host and differ only in summation order (matmul
 //! blocking depends on the row count), so the band is 1e-5 of the logit scale.
 
 mod common;

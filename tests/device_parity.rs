@@ -1,5 +1,5 @@
 //! Cross-backend parity: the same model code on the device arms against the committed HF goldens
-//! and against the NdArray host reference.
+//! and against the host reference (Flex).
 //!
 //! - wgpu (f32) runs here and in CI on Mesa lavapipe (install `mesa-vulkan-drivers`; without a
 //!   Vulkan adapter these tests fail and say so).
@@ -227,7 +227,7 @@ pub fn device_matches_host(
     let v = host.config().vocab_size;
     let (n_out, inside) = outside(&row_diffs(&d, &h, v), rel * scale);
     eprintln!(
-        "{dev:?} {dtype:?} vs NdArray: max |Δ| {worst:.3e} at scale {scale:.3}; rows beyond \
+        "{dev:?} {dtype:?} vs host: max |Δ| {worst:.3e} at scale {scale:.3}; rows beyond \
          {:.3e}: {n_out}/{} (allowed {flip_rows}), largest inside {inside:.3e}",
         rel * scale,
         d.len() / v

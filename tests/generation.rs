@@ -365,6 +365,8 @@ fn unknown_backend_or_dtype_is_named() {
         "ndarray".parse::<BackendKind>().unwrap(),
         BackendKind::NdArray
     );
+    assert_eq!("flex".parse::<BackendKind>().unwrap(), BackendKind::Flex);
+    assert_eq!("host".parse::<BackendKind>().unwrap(), BackendKind::Flex);
     let e = BackendKind::NdArray
         .check(DType::Bf16)
         .unwrap_err()

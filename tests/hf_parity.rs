@@ -1,4 +1,4 @@
-//! The host reference against HF transformers' `nemotron_h` (5.24, f32, eager, dt clamp patched
+//! The host reference (on both host backends, Flex and NdArray) against HF transformers' `nemotron_h` (5.24, f32, eager, dt clamp patched
 //! out): prefill logits and teacher-forced incremental decode (25 steps) for every committed
 //! fixture (`tools/gen_hf_fixtures.py`), covering every layer letter, n_groups > 1, GQA with q
 //! width ≠ hidden, grouped routing, chunk_size < prompt length, a head with dt far below
@@ -14,7 +14,7 @@
 //! The counterfactual tests show each band rejects a plausible wrong model.
 
 mod common;
-use burn::tensor::DType;
+use burn::tensor::{DType, Device};
 use common::*;
 use nemotron::model::{Deviations, NemotronH};
 
@@ -27,24 +27,37 @@ fn check(
     band_abs: impl Fn(f32) -> f32,
     dev_opts: Deviations,
 ) -> (f32, f32, f32) {
-    let m = NemotronH::load_with_deviations(fixture(name), &host(), DType::F32, dev_opts).unwrap();
+    check_on(&host(), name, suffix, band_abs, dev_opts)
+}
+
+fn check_on(
+    dev: &Device,
+    name: &str,
+    suffix: &str,
+    band_abs: impl Fn(f32) -> f32,
+    dev_opts: Deviations,
+) -> (f32, f32, f32) {
+    let m = NemotronH::load_with_deviations(fixture(name), dev, DType::F32, dev_opts).unwrap();
     let r = reference(name, suffix);
     assert!(r.decode_ids.len() >= 25);
     let (dp, dd, scale) = compare(&m, &r);
-    eprintln!("{name}{suffix} {dev_opts:?}: prefill max |Δ| {dp:.3e}, decode max |Δ| {dd:.3e}, scale {scale:.3}, band {:.3e}", band_abs(scale));
+    eprintln!("{dev:?} {name}{suffix} {dev_opts:?}: prefill max |Δ| {dp:.3e}, decode max |Δ| {dd:.3e}, scale {scale:.3}, band {:.3e}", band_abs(scale));
     (dp, dd, band_abs(scale))
 }
 
+/// Within the band on both host backends.
 fn assert_within(name: &str, suffix: &str, band_abs: impl Fn(f32) -> f32) {
-    let (dp, dd, band) = check(name, suffix, band_abs, Deviations::default());
-    assert!(
-        dp <= band,
-        "{name}{suffix}: prefill max |Δ| {dp} > band {band}"
-    );
-    assert!(
-        dd <= band,
-        "{name}{suffix}: decode max |Δ| {dd} > band {band}"
-    );
+    for dev in [Device::flex(), Device::ndarray()] {
+        let (dp, dd, band) = check_on(&dev, name, suffix, &band_abs, Deviations::default());
+        assert!(
+            dp <= band,
+            "{dev:?} {name}{suffix}: prefill max |Δ| {dp} > band {band}"
+        );
+        assert!(
+            dd <= band,
+            "{dev:?} {name}{suffix}: decode max |Δ| {dd} > band {band}"
+        );
+    }
 }
 
 fn assert_outside(name: &str, suffix: &str, band_abs: impl Fn(f32) -> f32, d: Deviations) {

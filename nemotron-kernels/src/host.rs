@@ -1,215 +1,360 @@
-//! The host reference: [`NemotronOps`] for Burn's NdArray backend (f32), running the plain-Rust math
-//! of [`crate::reference`]. Packed weights are read in place (a borrowed view of the words the
-//! device holds), activations are copied out and back.
+//! The host reference: [`NemotronOps`] for Burn's pure-Rust CPU backends — Flex (the default host
+//! arm: as exact as NdArray and faster, `docs/PERF.md` §6) and NdArray — running the plain-Rust
+//! math of [`crate::reference`]. Packed weights are read in place
+//! where the backend holds them contiguous (a borrowed view of the words), activations are copied
+//! out and back.
 
 use crate::reference::{self, Fp8View, Nvfp4View};
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};
 use burn::backend::ndarray::{NdArray, NdArrayTensor};
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::TensorMetadata;
+use burn::backend::{Backend, TensorMetadata};
 use burn::tensor::TensorData;
 use std::borrow::Cow;
 
-/// A float tensor's values (row-major) and shape.
-fn floats(t: NdArrayTensor) -> (Vec<f32>, Vec<usize>) {
-    let shape = t.shape().to_vec();
-    let v = match t {
-        NdArrayTensor::F32(s) => s.view().iter().copied().collect(),
-        NdArrayTensor::F64(s) => s.view().iter().map(|&v| v as f32).collect(),
-        other => panic!(
-            "host reference: expected a float tensor, got {:?}",
-            other.dtype()
-        ),
-    };
-    (v, shape)
+/// What the host reference needs from a CPU backend's tensor primitive.
+pub trait HostPrimitive: Sized {
+    /// Float values (row-major) and shape.
+    fn floats(self) -> (Vec<f32>, Vec<usize>);
+    /// Int values as indices.
+    fn indices(self) -> Vec<usize>;
+    /// Packed I32 words as the shipped bytes, borrowed when contiguous.
+    fn bytes(&self) -> Cow<'_, [u8]>;
+    fn from_data(data: TensorData) -> Self;
 }
 
-fn from_floats(v: Vec<f32>, shape: Vec<usize>) -> NdArrayTensor {
-    NdArrayTensor::from_data(TensorData::new(v, shape))
-}
+impl HostPrimitive for NdArrayTensor {
+    fn floats(self) -> (Vec<f32>, Vec<usize>) {
+        let shape = self.shape().to_vec();
+        let v = match self {
+            NdArrayTensor::F32(s) => s.view().iter().copied().collect(),
+            NdArrayTensor::F64(s) => s.view().iter().map(|&v| v as f32).collect(),
+            other => panic!(
+                "host reference: expected a float tensor, got {:?}",
+                other.dtype()
+            ),
+        };
+        (v, shape)
+    }
 
-/// An int tensor's values as indices.
-fn indices(t: NdArrayTensor) -> Vec<usize> {
-    match t {
-        NdArrayTensor::I64(s) => s.view().iter().map(|&v| v as usize).collect(),
-        NdArrayTensor::I32(s) => s.view().iter().map(|&v| v as usize).collect(),
-        other => panic!(
-            "host reference: expected int indices, got {:?}",
-            other.dtype()
-        ),
+    fn indices(self) -> Vec<usize> {
+        match self {
+            NdArrayTensor::I64(s) => s.view().iter().map(|&v| v as usize).collect(),
+            NdArrayTensor::I32(s) => s.view().iter().map(|&v| v as usize).collect(),
+            other => panic!(
+                "host reference: expected int indices, got {:?}",
+                other.dtype()
+            ),
+        }
+    }
+
+    fn bytes(&self) -> Cow<'_, [u8]> {
+        let NdArrayTensor::I32(s) = self else {
+            panic!(
+                "host reference: packed weights must be I32 words, got {:?}",
+                self.dtype()
+            )
+        };
+        let view = s.view();
+        match view.to_slice() {
+            Some(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
+            None => Cow::Owned(view.iter().flat_map(|w| w.to_le_bytes()).collect()),
+        }
+    }
+
+    fn from_data(data: TensorData) -> Self {
+        NdArrayTensor::from_data(data)
     }
 }
 
-/// Packed words as the shipped bytes, without a copy when the words are contiguous.
-fn bytes(t: &NdArrayTensor) -> Cow<'_, [u8]> {
-    let NdArrayTensor::I32(s) = t else {
-        panic!(
-            "host reference: packed weights must be I32 words, got {:?}",
-            t.dtype()
-        )
-    };
-    let view = s.view();
-    match view.to_slice() {
-        Some(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
-        None => Cow::Owned(view.iter().flat_map(|w| w.to_le_bytes()).collect()),
+impl HostPrimitive for burn::backend::flex::FlexTensor {
+    fn floats(self) -> (Vec<f32>, Vec<usize>) {
+        let shape = self.shape().to_vec();
+        let v = self
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap_or_else(|e| panic!("host reference: float tensor: {e:?}"));
+        (v, shape)
+    }
+
+    fn indices(self) -> Vec<usize> {
+        self.into_data()
+            .convert::<i64>()
+            .into_vec::<i64>()
+            .unwrap_or_else(|e| panic!("host reference: int indices: {e:?}"))
+            .into_iter()
+            .map(|v| v as usize)
+            .collect()
+    }
+
+    fn bytes(&self) -> Cow<'_, [u8]> {
+        assert_eq!(
+            self.dtype(),
+            burn::tensor::DType::I32,
+            "host reference: packed weights must be I32 words"
+        );
+        match self.as_slice::<i32>() {
+            Some(w) => Cow::Borrowed(bytemuck::cast_slice(w)),
+            None => Cow::Owned(
+                self.to_contiguous()
+                    .as_slice::<i32>()
+                    .unwrap_or_default()
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .collect(),
+            ),
+        }
+    }
+
+    fn from_data(data: TensorData) -> Self {
+        burn::backend::flex::FlexTensor::from_data(data)
     }
 }
 
-/// `(slot experts, div, output rows)` of a linear call over `rows` input rows.
-fn routing(rows: Rows<NdArray>, x_rows: usize) -> (Vec<usize>, usize) {
+fn from_floats<T: HostPrimitive>(v: Vec<f32>, shape: Vec<usize>) -> T {
+    T::from_data(TensorData::new(v, shape))
+}
+
+/// `(slot experts, div)` of a linear call over `x_rows` input rows.
+fn routing<B: Backend>(rows: Rows<B>, x_rows: usize) -> (Vec<usize>, usize)
+where
+    B::IntTensorPrimitive: HostPrimitive,
+{
     match rows {
         Rows::Each => (vec![0; x_rows], 1),
-        Rows::Routed { experts, div } => (indices(experts), div),
+        Rows::Routed { experts, div } => (experts.indices(), div),
     }
 }
 
-impl NemotronOps for NdArray {
-    fn matmul(a: NdArrayTensor, b: NdArrayTensor) -> NdArrayTensor {
-        <NdArray as FloatTensorOps<NdArray>>::float_matmul(a, b)
-    }
-
-    fn nvfp4_linear(
-        x: NdArrayTensor,
-        w: Nvfp4Weights<NdArray>,
-        rows: Rows<NdArray>,
-        epilogue: Epilogue,
-    ) -> NdArrayTensor {
-        let (x, shape) = floats(x);
-        let (experts, div) = routing(rows, shape[0]);
-        let s = w.shape;
-        let (packed, scales, globals) = (bytes(&w.packed), bytes(&w.scales), floats(w.globals).0);
-        let (pb, sb) = (
-            s.out_features * s.in_features / 2,
-            s.out_features * s.in_features / 16,
-        );
-        let views: Vec<Nvfp4View> = (0..s.experts)
-            .map(|e| Nvfp4View {
-                out_features: s.out_features,
-                in_features: s.in_features,
-                packed: &packed[e * pb..(e + 1) * pb],
-                block_scales: &scales[e * sb..(e + 1) * sb],
-                global_scale: globals[e],
-            })
-            .collect();
-        let n = experts.len();
-        let y = reference::nvfp4_expert_linear(&x, &experts, div, &views);
-        from_floats(reference::epilogue(y, epilogue), vec![n, s.out_features])
-    }
-
-    fn fp8_linear(
-        x: NdArrayTensor,
-        w: Fp8Weights<NdArray>,
-        rows: Rows<NdArray>,
-        epilogue: Epilogue,
-    ) -> NdArrayTensor {
-        let (x, shape) = floats(x);
-        let (experts, div) = routing(rows, shape[0]);
-        let s = w.shape;
-        let weight = bytes(&w.weight);
-        let (is, ws) = (floats(w.input_scales).0, floats(w.weight_scales).0);
-        let per = s.out_features * s.in_features;
-        let views: Vec<Fp8View> = (0..s.experts)
-            .map(|e| Fp8View {
-                out_features: s.out_features,
-                in_features: s.in_features,
-                weight: &weight[e * per..(e + 1) * per],
-                weight_scale: ws[e],
-                input_scale: is[e],
-            })
-            .collect();
-        let n = experts.len();
-        let y = reference::fp8_expert_linear(&x, &experts, div, &views);
-        from_floats(reference::epilogue(y, epilogue), vec![n, s.out_features])
-    }
-
-    fn rms_norm(
-        x: NdArrayTensor,
-        gate: Maybe<NdArray>,
-        weight: NdArrayTensor,
-        groups: usize,
-        eps: f64,
-    ) -> NdArrayTensor {
-        let (x, shape) = floats(x);
-        let gate = gate.into_option().map(|g| floats(g).0);
-        let w = floats(weight).0;
-        let y = reference::rms_norm(&x, gate.as_deref(), &w, shape[1], groups, eps);
-        from_floats(y, shape)
-    }
-
-    fn moe_route(
-        logits: NdArrayTensor,
-        bias: NdArrayTensor,
-        config: RouteConfig,
-    ) -> (NdArrayTensor, NdArrayTensor) {
-        let (l, shape) = floats(logits);
-        let (idx, w) = reference::moe_route(&l, &floats(bias).0, &config);
-        let shape = vec![shape[0], config.top_k];
-        (
-            NdArrayTensor::from_data(TensorData::new(idx, shape.clone())),
-            from_floats(w, shape),
-        )
-    }
-
-    fn dt_softplus(dt: NdArrayTensor, bias: NdArrayTensor, min: Option<f32>) -> NdArrayTensor {
-        let (dt, shape) = floats(dt);
-        from_floats(reference::dt_softplus(&dt, &floats(bias).0, min), shape)
-    }
-
-    fn causal_conv1d(
-        x: NdArrayTensor,
-        weight: NdArrayTensor,
-        bias: Maybe<NdArray>,
-        state: NdArrayTensor,
-        lens: &[usize],
-    ) -> (NdArrayTensor, NdArrayTensor) {
-        let (x, shape) = floats(x);
-        let (b, t, c) = (shape[0], shape[1], shape[2]);
-        let (w, wshape) = floats(weight);
-        let bias = bias.into_option().map(|b| floats(b).0);
-        let (s, s_shape) = floats(state);
-        let lens = full_lens(lens, b, t);
-        let (y, ns) =
-            reference::causal_conv1d(&x, b, t, c, &w, wshape[1], bias.as_deref(), &s, &lens);
-        (from_floats(y, shape), from_floats(ns, s_shape))
-    }
-
-    fn selective_scan(
-        x: NdArrayTensor,
-        dt: NdArrayTensor,
-        a: NdArrayTensor,
-        b: NdArrayTensor,
-        c: NdArrayTensor,
-        d: NdArrayTensor,
-        state: NdArrayTensor,
-        lens: &[usize],
-    ) -> (NdArrayTensor, NdArrayTensor) {
-        let (x, shape) = floats(x);
-        let (bs, t, h, p) = (shape[0], shape[1], shape[2], shape[3]);
-        let (bm, bshape) = floats(b);
-        let (st, s_shape) = floats(state);
-        let dims = ScanDims {
-            heads: h,
-            head_dim: p,
-            groups: bshape[2],
-            state: bshape[3],
-        };
-        let lens = full_lens(lens, bs, t);
-        let (y, s) = reference::selective_scan(
-            &x,
-            &floats(dt).0,
-            &floats(a).0,
-            &bm,
-            &floats(c).0,
-            &floats(d).0,
-            &st,
-            bs,
-            t,
-            dims,
-            &lens,
-        );
-        (from_floats(y, shape), from_floats(s, s_shape))
-    }
+fn nvfp4_linear<B: Backend>(
+    x: B::FloatTensorPrimitive,
+    w: Nvfp4Weights<B>,
+    rows: Rows<B>,
+    epilogue: Epilogue,
+) -> B::FloatTensorPrimitive
+where
+    B::FloatTensorPrimitive: HostPrimitive,
+    B::IntTensorPrimitive: HostPrimitive,
+{
+    let (x, shape) = x.floats();
+    let (experts, div) = routing(rows, shape[0]);
+    let s = w.shape;
+    let (packed, scales, globals) = (w.packed.bytes(), w.scales.bytes(), w.globals.floats().0);
+    let (pb, sb) = (
+        s.out_features * s.in_features / 2,
+        s.out_features * s.in_features / 16,
+    );
+    let views: Vec<Nvfp4View> = (0..s.experts)
+        .map(|e| Nvfp4View {
+            out_features: s.out_features,
+            in_features: s.in_features,
+            packed: &packed[e * pb..(e + 1) * pb],
+            block_scales: &scales[e * sb..(e + 1) * sb],
+            global_scale: globals[e],
+        })
+        .collect();
+    let n = experts.len();
+    let y = reference::nvfp4_expert_linear(&x, &experts, div, &views);
+    from_floats(reference::epilogue(y, epilogue), vec![n, s.out_features])
 }
+
+fn fp8_linear<B: Backend>(
+    x: B::FloatTensorPrimitive,
+    w: Fp8Weights<B>,
+    rows: Rows<B>,
+    epilogue: Epilogue,
+) -> B::FloatTensorPrimitive
+where
+    B::FloatTensorPrimitive: HostPrimitive,
+    B::IntTensorPrimitive: HostPrimitive,
+{
+    let (x, shape) = x.floats();
+    let (experts, div) = routing(rows, shape[0]);
+    let s = w.shape;
+    let weight = w.weight.bytes();
+    let (is, ws) = (w.input_scales.floats().0, w.weight_scales.floats().0);
+    let per = s.out_features * s.in_features;
+    let views: Vec<Fp8View> = (0..s.experts)
+        .map(|e| Fp8View {
+            out_features: s.out_features,
+            in_features: s.in_features,
+            weight: &weight[e * per..(e + 1) * per],
+            weight_scale: ws[e],
+            input_scale: is[e],
+        })
+        .collect();
+    let n = experts.len();
+    let y = reference::fp8_expert_linear(&x, &experts, div, &views);
+    from_floats(reference::epilogue(y, epilogue), vec![n, s.out_features])
+}
+
+fn rms_norm<F: HostPrimitive>(x: F, gate: Option<F>, weight: F, groups: usize, eps: f64) -> F {
+    let (x, shape) = x.floats();
+    let gate = gate.map(|g| g.floats().0);
+    let w = weight.floats().0;
+    from_floats(
+        reference::rms_norm(&x, gate.as_deref(), &w, shape[1], groups, eps),
+        shape,
+    )
+}
+
+fn moe_route<F: HostPrimitive, I: HostPrimitive>(logits: F, bias: F, c: RouteConfig) -> (I, F) {
+    let (l, shape) = logits.floats();
+    let (idx, w) = reference::moe_route(&l, &bias.floats().0, &c);
+    let shape = vec![shape[0], c.top_k];
+    (
+        I::from_data(TensorData::new(idx, shape.clone())),
+        from_floats(w, shape),
+    )
+}
+
+fn dt_softplus<F: HostPrimitive>(dt: F, bias: F, min: Option<f32>) -> F {
+    let (dt, shape) = dt.floats();
+    from_floats(reference::dt_softplus(&dt, &bias.floats().0, min), shape)
+}
+
+fn causal_conv1d<F: HostPrimitive>(
+    x: F,
+    weight: F,
+    bias: Option<F>,
+    state: F,
+    lens: &[usize],
+) -> (F, F) {
+    let (x, shape) = x.floats();
+    let (b, t, c) = (shape[0], shape[1], shape[2]);
+    let (w, wshape) = weight.floats();
+    let bias = bias.map(|b| b.floats().0);
+    let (s, s_shape) = state.floats();
+    let lens = full_lens(lens, b, t);
+    let (y, ns) = reference::causal_conv1d(&x, b, t, c, &w, wshape[1], bias.as_deref(), &s, &lens);
+    (from_floats(y, shape), from_floats(ns, s_shape))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn selective_scan<F: HostPrimitive>(
+    x: F,
+    dt: F,
+    a: F,
+    b: F,
+    c: F,
+    d: F,
+    state: F,
+    lens: &[usize],
+) -> (F, F) {
+    let (x, shape) = x.floats();
+    let (bs, t, h, p) = (shape[0], shape[1], shape[2], shape[3]);
+    let (bm, bshape) = b.floats();
+    let (st, s_shape) = state.floats();
+    let dims = ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: bshape[2],
+        state: bshape[3],
+    };
+    let lens = full_lens(lens, bs, t);
+    let (y, s) = reference::selective_scan(
+        &x,
+        &dt.floats().0,
+        &a.floats().0,
+        &bm,
+        &c.floats().0,
+        &d.floats().0,
+        &st,
+        bs,
+        t,
+        dims,
+        &lens,
+    );
+    (from_floats(y, shape), from_floats(s, s_shape))
+}
+
+/// [`NemotronOps`] for a CPU backend through the generic host functions above; the dense matmul
+/// is the backend's own f32 matmul.
+macro_rules! host_backend {
+    ($b:ty) => {
+        impl NemotronOps for $b {
+            fn matmul(
+                a: burn::backend::tensor::FloatTensor<Self>,
+                b: burn::backend::tensor::FloatTensor<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                <$b as FloatTensorOps<$b>>::float_matmul(a, b)
+            }
+            fn nvfp4_linear(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: Nvfp4Weights<Self>,
+                rows: Rows<Self>,
+                epilogue: Epilogue,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                nvfp4_linear::<$b>(x, w, rows, epilogue)
+            }
+            fn fp8_linear(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: Fp8Weights<Self>,
+                rows: Rows<Self>,
+                epilogue: Epilogue,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                fp8_linear::<$b>(x, w, rows, epilogue)
+            }
+            fn rms_norm(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                gate: Maybe<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                groups: usize,
+                eps: f64,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                rms_norm(x, gate.into_option(), weight, groups, eps)
+            }
+            fn moe_route(
+                logits: burn::backend::tensor::FloatTensor<Self>,
+                bias: burn::backend::tensor::FloatTensor<Self>,
+                config: RouteConfig,
+            ) -> (
+                burn::backend::tensor::IntTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                moe_route(logits, bias, config)
+            }
+            fn dt_softplus(
+                dt: burn::backend::tensor::FloatTensor<Self>,
+                bias: burn::backend::tensor::FloatTensor<Self>,
+                min: Option<f32>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                dt_softplus(dt, bias, min)
+            }
+            fn causal_conv1d(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                bias: Maybe<Self>,
+                state: burn::backend::tensor::FloatTensor<Self>,
+                lens: &[usize],
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                causal_conv1d(x, weight, bias.into_option(), state, lens)
+            }
+            fn selective_scan(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                dt: burn::backend::tensor::FloatTensor<Self>,
+                a: burn::backend::tensor::FloatTensor<Self>,
+                b: burn::backend::tensor::FloatTensor<Self>,
+                c: burn::backend::tensor::FloatTensor<Self>,
+                d: burn::backend::tensor::FloatTensor<Self>,
+                state: burn::backend::tensor::FloatTensor<Self>,
+                lens: &[usize],
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                selective_scan(x, dt, a, b, c, d, state, lens)
+            }
+        }
+    };
+}
+
+host_backend!(burn::backend::Flex);
+host_backend!(NdArray);
 
 /// The ops' `lens` (empty: every sequence has `t` tokens) as one length per sequence.
 pub(crate) fn full_lens(lens: &[usize], batch: usize, t: usize) -> Vec<usize> {

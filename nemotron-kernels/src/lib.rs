@@ -1,14 +1,14 @@
 //! The backend seam of NemotronH: [`NemotronOps`], one Burn backend extension with the ops Burn
 //! lacks — linears against packed NVFP4 and FP8 weights, the Mamba2 causal conv and selective scan,
 //! fused norms and MoE routing — implemented by the host reference ([`host`], plain Rust over
-//! NdArray) and by the CubeCL kernels ([`cube`], CUDA and wgpu). Model code calls the tensor-level
+//! Burn's Flex and NdArray CPU backends) and by the CubeCL kernels ([`cube`], CUDA and wgpu). Model code calls the tensor-level
 //! functions of [`ops`], which dispatch on the device a tensor lives on.
 //!
 //! Every op takes any number of new tokens per sequence (`T ≥ 1`) with the per-sequence state, so
 //! prefill and decode are the same call; batches are right-padded to a common `T` and carry each
 //! sequence's valid length, and padded positions never touch the state.
 //!
-//! The extension covers the plain backends: `NdArray`, and `Cuda` / `Wgpu` **without** Burn's
+//! The extension covers the plain backends: `Flex`, `NdArray`, and `Cuda` / `Wgpu` **without** Burn's
 //! `fusion` feature (with it, `burn::backend::Cuda` names a fusion wrapper this crate does not
 //! implement, and the build fails on the missing impl).
 
@@ -24,6 +24,8 @@ use burn::backend::tensor::{FloatTensor, IntTensor};
 #[cfg(feature = "cuda")]
 #[allow(unused_imports)]
 use burn::backend::Cuda;
+#[allow(unused_imports)]
+use burn::backend::Flex;
 #[allow(unused_imports)]
 use burn::backend::NdArray;
 #[cfg(feature = "wgpu")]
@@ -175,7 +177,7 @@ pub struct ScanDims {
 /// activation dtype (f32, bf16 or f16 on device backends; f32 on the host); results are in the
 /// activation dtype unless stated otherwise; the SSM state, router logits and routing weights are
 /// f32 whatever the activation dtype. Shapes are checked by [`ops`] before the call.
-#[backend_extension(NdArray, Wgpu: cfg(feature = "wgpu"), Cuda: cfg(feature = "cuda"))]
+#[backend_extension(Flex, NdArray, Wgpu: cfg(feature = "wgpu"), Cuda: cfg(feature = "cuda"))]
 pub trait NemotronOps: Backend {
     /// Batched `a [B, M, K] · b [B, K, N]`, accumulated in f32 term by term (no reduced-precision
     /// tensor-core modes, no per-shape autotuning): the dense products of the model (dense

@@ -1,5 +1,5 @@
 //! The math of each op in plain Rust over row-major f32 slices, written to follow the model
-//! description as literally as possible. The NdArray backend runs these; device kernels are tested
+//! description as literally as possible. The host backends (Flex, NdArray) run these; device kernels are tested
 //! against them.
 
 use crate::{Epilogue, Fp8Matrix, Nvfp4Matrix, RouteConfig, ScanDims, MASKED_SCORE};

@@ -1,12 +1,12 @@
 //! NemotronH (Nemotron-H, Nemotron 3 Nano / 3.5 Lightning) as Burn modules written once over
-//! Burn's device-dispatched tensors: the same code runs on the NdArray host reference and on the
+//! Burn's device-dispatched tensors: the same code runs on the host reference (Burn's Flex or NdArray CPU backends) and on the
 //! CubeCL device backends, with the ops Burn lacks from
 //! [`nemotron_kernels::NemotronOps`].
 //!
 //! ```no_run
 //! use burn::tensor::{DType, Device};
 //! use nemotron_model::{GenerateOptions, NemotronH};
-//! let device = Device::ndarray();
+//! let device = Device::flex();
 //! let model = NemotronH::load_as("/models/nemotron", &device, DType::F32)?;
 //! let out = model.generate(&[1, 2, 3], GenerateOptions::default(), |tok| print!("{tok} "))?;
 //! # Ok::<(), nemotron_model::ModelError>(())

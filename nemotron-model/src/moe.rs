@@ -246,7 +246,7 @@ impl Experts {
 #[cfg(test)]
 mod tests {
     //! The stacked expert paths (indices read on the device) against the expert-by-expert path
-    //! (routing read on the host), same weights, NdArray.
+    //! (routing read on the host), same weights, on the host (Flex).
     use super::*;
     use crate::linear::Linear;
     use nemotron_kernels::{Fp8Matrix, Nvfp4Matrix};
@@ -257,7 +257,7 @@ mod tests {
     }
 
     fn tensor<const D: usize>(v: Vec<f32>, shape: [usize; D]) -> Tensor<D> {
-        Tensor::from_data(TensorData::new(v, shape), (&Device::ndarray(), DType::F32))
+        Tensor::from_data(TensorData::new(v, shape), (&Device::flex(), DType::F32))
     }
 
     fn moe(experts: Experts, hid: usize, e: usize, groups: usize) -> Moe {
@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn stacked_experts_equal_expert_by_expert() {
-        let dev = Device::ndarray();
+        let dev = Device::flex();
         let (hid, inter, e) = (32, 16, 4);
         let nv = |r: usize, c: usize, seed: u64| {
             let enc = fmt::nvfp4_encode(&vals(r * c, seed, 0.2), r, c);

@@ -7,9 +7,9 @@ use nemotron::model::NemotronH;
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
-/// The host reference device.
+/// The host reference device (Flex; `hf_parity` also runs NdArray).
 pub fn host() -> Device {
-    Device::ndarray()
+    Device::flex()
 }
 
 /// A checkpoint directory on the host reference (f32).

@@ -1,4 +1,4 @@
-//! Per-op parity of the CubeCL kernels against the plain-Rust host reference (NdArray), on fresh
+//! Per-op parity of the CubeCL kernels against the plain-Rust host reference (Flex), on fresh
 //! random inputs, one generic body per op (`linear`, `mamba`, `norm`, `route`, `matmul`) stamped by
 //! [`arms!`] into three arms:
 //!
@@ -102,7 +102,7 @@ impl Arm {
     /// The host reference arm.
     pub fn host() -> Arm {
         Arm {
-            dev: Device::ndarray(),
+            dev: Device::flex(),
             dtype: DType::F32,
             band: F32,
         }
