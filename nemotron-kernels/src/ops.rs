@@ -1,4 +1,4 @@
-//! The ops of [`NemotronOps`](crate::NemotronOps) over Burn tensors: what model code calls. Each
+//! The ops of [`NemotronOps`] over Burn tensors: what model code calls. Each
 //! checks its shapes (a mismatch is a bug in the caller, reported by name) and dispatches on the
 //! device the tensors live on.
 

@@ -79,7 +79,7 @@ pub fn fp8_linear_kernel<F: Float>(
     }
 }
 
-/// Launches [`fp8_linear_kernel`] for `x [R, in]`.
+/// Launches [`fp8_linear_kernel()`] for `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Fp8Weights<CubeBackend<R>>,

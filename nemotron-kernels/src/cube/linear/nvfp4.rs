@@ -84,7 +84,7 @@ pub fn nvfp4_linear_kernel<F: Float>(
     }
 }
 
-/// Launches [`nvfp4_linear_kernel`] for `x [R, in]`.
+/// Launches [`nvfp4_linear_kernel()`] for `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Nvfp4Weights<CubeBackend<R>>,
