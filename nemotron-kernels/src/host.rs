@@ -16,8 +16,12 @@ use std::borrow::Cow;
 pub trait HostPrimitive: Sized {
     /// Float values (row-major) and shape.
     fn floats(self) -> (Vec<f32>, Vec<usize>);
+    /// Int values.
+    fn ints(self) -> Vec<i64>;
     /// Int values as indices.
-    fn indices(self) -> Vec<usize>;
+    fn indices(self) -> Vec<usize> {
+        self.ints().into_iter().map(|v| v as usize).collect()
+    }
     /// Packed I32 words as the shipped bytes, borrowed when contiguous.
     fn bytes(&self) -> Cow<'_, [u8]>;
     fn from_data(data: TensorData) -> Self;
@@ -37,12 +41,12 @@ impl HostPrimitive for NdArrayTensor {
         (v, shape)
     }
 
-    fn indices(self) -> Vec<usize> {
+    fn ints(self) -> Vec<i64> {
         match self {
-            NdArrayTensor::I64(s) => s.view().iter().map(|&v| v as usize).collect(),
-            NdArrayTensor::I32(s) => s.view().iter().map(|&v| v as usize).collect(),
+            NdArrayTensor::I64(s) => s.view().iter().copied().collect(),
+            NdArrayTensor::I32(s) => s.view().iter().map(|&v| v as i64).collect(),
             other => panic!(
-                "host reference: expected int indices, got {:?}",
+                "host reference: expected an int tensor, got {:?}",
                 other.dtype()
             ),
         }
@@ -78,14 +82,11 @@ impl HostPrimitive for burn::backend::flex::FlexTensor {
         (v, shape)
     }
 
-    fn indices(self) -> Vec<usize> {
+    fn ints(self) -> Vec<i64> {
         self.into_data()
             .convert::<i64>()
             .into_vec::<i64>()
-            .unwrap_or_else(|e| panic!("host reference: int indices: {e:?}"))
-            .into_iter()
-            .map(|v| v as usize)
-            .collect()
+            .unwrap_or_else(|e| panic!("host reference: int tensor: {e:?}"))
     }
 
     fn bytes(&self) -> Cow<'_, [u8]> {
@@ -269,6 +270,114 @@ fn selective_scan<F: HostPrimitive>(
     (from_floats(y, shape), from_floats(s, s_shape))
 }
 
+fn conv_step<F: HostPrimitive, I: HostPrimitive>(
+    x: F,
+    weight: F,
+    bias: Option<F>,
+    pool: F,
+    slots: I,
+) -> (F, F) {
+    let (x, shape) = x.floats();
+    let (w, wshape) = weight.floats();
+    let bias = bias.map(|b| b.floats().0);
+    let (mut p, pshape) = pool.floats();
+    let y = reference::conv_step(&x, &w, wshape[1], bias.as_deref(), &mut p, &slots.ints());
+    (from_floats(y, shape), from_floats(p, pshape))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ssm_step<F: HostPrimitive, I: HostPrimitive>(
+    x: F,
+    dt: F,
+    a: F,
+    b: F,
+    c: F,
+    d: F,
+    pool: F,
+    slots: I,
+) -> (F, F) {
+    let (x, shape) = x.floats();
+    let (bm, bshape) = b.floats();
+    let (mut p, pshape) = pool.floats();
+    let dims = ScanDims {
+        heads: shape[1],
+        head_dim: shape[2],
+        groups: bshape[1],
+        state: bshape[2],
+    };
+    let y = reference::ssm_step(
+        &x,
+        &dt.floats().0,
+        &a.floats().0,
+        &bm,
+        &c.floats().0,
+        &d.floats().0,
+        &mut p,
+        &slots.ints(),
+        dims,
+    );
+    (from_floats(y, shape), from_floats(p, pshape))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_step<F: HostPrimitive, I: HostPrimitive>(
+    q: F,
+    k: F,
+    v: F,
+    kpool: F,
+    vpool: F,
+    lens: I,
+    slots: I,
+    scale: f32,
+) -> (F, F, F) {
+    let (q, qshape) = q.floats();
+    let (k, kshape) = k.floats();
+    let (mut kp, pshape) = kpool.floats();
+    let mut vp = vpool.floats().0;
+    let dims = (qshape[1], kshape[1], qshape[2], pshape[2]);
+    let o = reference::attention_step(
+        &q,
+        &k,
+        &v.floats().0,
+        &mut kp,
+        &mut vp,
+        &lens.ints(),
+        &slots.ints(),
+        dims,
+        scale,
+    );
+    (
+        from_floats(o, qshape),
+        from_floats(kp, pshape.clone()),
+        from_floats(vp, pshape),
+    )
+}
+
+fn advance_lens<I: HostPrimitive>(lens: I, slots: I) -> I {
+    let mut l = lens.ints();
+    for s in slots.ints() {
+        if s >= 0 {
+            l[s as usize] += 1;
+        }
+    }
+    let n = l.len();
+    let l: Vec<i32> = l.into_iter().map(|v| v as i32).collect();
+    I::from_data(TensorData::new(l, [n]))
+}
+
+fn write_slot<F: HostPrimitive>(pool: F, src: F, slot: usize) -> F {
+    let (mut p, ps) = pool.floats();
+    let (sv, ss) = src.floats();
+    let (a, m, c, l) = (ps[1], ps[2], ps[3], ss[1]);
+    for ai in 0..a {
+        for li in 0..l {
+            let dst = ((slot * a + ai) * m + li) * c;
+            p[dst..dst + c].copy_from_slice(&sv[(ai * l + li) * c..][..c]);
+        }
+    }
+    from_floats(p, ps)
+}
+
 /// [`NemotronOps`] for a CPU backend through the generic host functions above; the dense matmul
 /// is the backend's own f32 matmul.
 macro_rules! host_backend {
@@ -348,6 +457,62 @@ macro_rules! host_backend {
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
                 selective_scan(x, dt, a, b, c, d, state, lens)
+            }
+            fn conv_step(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                bias: Maybe<Self>,
+                pool: burn::backend::tensor::FloatTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                conv_step(x, weight, bias.into_option(), pool, slots)
+            }
+            fn ssm_step(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                dt: burn::backend::tensor::FloatTensor<Self>,
+                a: burn::backend::tensor::FloatTensor<Self>,
+                b: burn::backend::tensor::FloatTensor<Self>,
+                c: burn::backend::tensor::FloatTensor<Self>,
+                d: burn::backend::tensor::FloatTensor<Self>,
+                pool: burn::backend::tensor::FloatTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                ssm_step(x, dt, a, b, c, d, pool, slots)
+            }
+            fn attention_step(
+                q: burn::backend::tensor::FloatTensor<Self>,
+                k: burn::backend::tensor::FloatTensor<Self>,
+                v: burn::backend::tensor::FloatTensor<Self>,
+                kpool: burn::backend::tensor::FloatTensor<Self>,
+                vpool: burn::backend::tensor::FloatTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                scale: f32,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                attention_step(q, k, v, kpool, vpool, lens, slots, scale)
+            }
+            fn advance_lens(
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+            ) -> burn::backend::tensor::IntTensor<Self> {
+                advance_lens(lens, slots)
+            }
+            fn write_slot(
+                pool: burn::backend::tensor::FloatTensor<Self>,
+                src: burn::backend::tensor::FloatTensor<Self>,
+                slot: usize,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                write_slot(pool, src, slot)
             }
         }
     };

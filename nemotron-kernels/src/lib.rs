@@ -264,6 +264,65 @@ pub trait NemotronOps: Backend {
         state: FloatTensor<Self>,
         lens: &[usize],
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    // Decode over state slots: one new token per row, each row's state in a slot of a pool
+    // allocated once; the slot indices are read on the device and the pools are updated in place
+    // on device backends (the returned pool is the same buffer), so a captured step stays valid
+    // from step to step. A negative slot marks a pad row: zeros out, nothing written.
+
+    /// The causal conv for one token per row: `x` `[B, C]`, `weight` `[C, K]`, the state of row
+    /// `b` in `pool[slots[b]]` (`[S, C, K-1]`, oldest first), shifted by one in place.
+    /// Returns `(y [B, C], pool)`.
+    fn conv_step(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        #[extension_type] bias: Maybe<Self>,
+        pool: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The selective scan for one token per row: `x` `[B, H, P]`, `dt` `[B, H]` (after softplus),
+    /// `a`, `d` `[H]`, `b`, `c` `[B, G, N]`, the state of row `b` in `pool[slots[b]]`
+    /// (`[S, H, P, N]`, f32), updated in place. Returns `(y [B, H, P], pool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn ssm_step(
+        x: FloatTensor<Self>,
+        dt: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        c: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+        pool: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// GQA attention for one token per row over its slot's KV cache: appends `k`, `v`
+    /// (`[B, KVH, D]`) at position `lens[slot]` of `kpool`/`vpool` (`[S, KVH, cap, D]`, in place),
+    /// then attends `q` (`[B, NH, D]`) over the `lens[slot] + 1` keys, scores times `scale`,
+    /// softmax in f32; query head `h` reads kv head `h / (NH / KVH)`. `lens` (`[S]`) is read, not
+    /// advanced. Returns `(o [B, NH, D], kpool, vpool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_step(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        kpool: FloatTensor<Self>,
+        vpool: FloatTensor<Self>,
+        lens: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `lens[slots[b]] += 1` for every non-pad row, in place. Returns `lens`.
+    fn advance_lens(lens: IntTensor<Self>, slots: IntTensor<Self>) -> IntTensor<Self>;
+
+    /// `pool[slot, :, 0..L, :] = src` for `pool` `[S, A, M, C]` and `src` `[A, L, C]` (`L ≤ M`),
+    /// in place: how a prefilled sequence's state enters its slot. Returns `pool`.
+    fn write_slot(
+        pool: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        slot: usize,
+    ) -> FloatTensor<Self>;
 }
 
 /// Shipped bytes as little-endian u32 words (as `i32` bits), zero-padded to a whole word.

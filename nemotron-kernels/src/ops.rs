@@ -341,3 +341,149 @@ pub fn selective_scan(
     );
     (out(y), out(s))
 }
+
+// Decode over state slots (see the trait's docs). Pools are passed by value and returned: on
+// device backends the returned pool is the same buffer, written in place; callers store it back.
+
+/// The causal conv for one token per row over slot states: `x` `[B, C]`, `pool` `[S, C, K-1]`.
+pub fn conv_step(
+    x: Tensor<2>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    pool: Tensor<3>,
+    slots: &Tensor<1, Int>,
+) -> (Tensor<2>, Tensor<3>) {
+    let ([b, c], [wc, k], [_, pc, pk]) = (x.dims(), weight.dims(), pool.dims());
+    assert!(
+        wc == c && pc == c && pk + 1 == k,
+        "conv_step: x [{b}, {c}], weight [{wc}, {k}], pool [_, {pc}, {pk}]"
+    );
+    assert_eq!(slots.dims(), [b], "conv_step: one slot per row");
+    let bias: Maybe<D> = bias.map(|b| b.into_dispatch()).into();
+    let (y, p) = <D as NemotronOps>::conv_step(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        bias,
+        pool.into_dispatch(),
+        slots.clone().into_dispatch(),
+    );
+    (out(y), out(p))
+}
+
+/// The selective scan for one token per row over slot states: `x` `[B, H, P]`, `dt` `[B, H]`,
+/// `b`/`c` `[B, G, N]`, `pool` `[S, H, P, N]` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn ssm_step(
+    x: Tensor<3>,
+    dt: Tensor<2>,
+    a: Tensor<1>,
+    b: Tensor<3>,
+    c: Tensor<3>,
+    d: Tensor<1>,
+    pool: Tensor<4>,
+    slots: &Tensor<1, Int>,
+) -> (Tensor<3>, Tensor<4>) {
+    let ([rows, h, p], [_, g, n]) = (x.dims(), b.dims());
+    assert!(g > 0 && h % g == 0, "ssm_step: {g} groups for {h} heads");
+    assert_eq!(dt.dims(), [rows, h], "ssm_step: dt shape");
+    assert_eq!(c.dims(), [rows, g, n], "ssm_step: C shape");
+    let [_, ph, pp, pn] = pool.dims();
+    assert!(ph == h && pp == p && pn == n, "ssm_step: pool shape");
+    assert_eq!(pool.dtype(), DType::F32, "ssm_step: the SSM state is f32");
+    assert_eq!(slots.dims(), [rows], "ssm_step: one slot per row");
+    let (y, s) = <D as NemotronOps>::ssm_step(
+        x.into_dispatch(),
+        dt.into_dispatch(),
+        a.into_dispatch(),
+        b.into_dispatch(),
+        c.into_dispatch(),
+        d.into_dispatch(),
+        pool.into_dispatch(),
+        slots.clone().into_dispatch(),
+    );
+    (out(y), out(s))
+}
+
+/// GQA attention for one token per row over slot KV caches (appends `k`, `v` at each slot's
+/// length; the lengths are not advanced): `q` `[B, NH, D]`, `k`/`v` `[B, KVH, D]`, pools
+/// `[S, KVH, cap, D]`, `lens` `[S]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_step(
+    q: Tensor<3>,
+    k: Tensor<3>,
+    v: Tensor<3>,
+    kpool: Tensor<4>,
+    vpool: Tensor<4>,
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    scale: f32,
+) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
+    let ([b, nh, hd], [_, kvh, kd]) = (q.dims(), k.dims());
+    let [s, pk, _, pd] = kpool.dims();
+    assert!(
+        kvh > 0 && nh % kvh == 0 && kd == hd && pk == kvh && pd == hd,
+        "attention_step: q [{b}, {nh}, {hd}], k [_, {kvh}, {kd}], pool [{s}, {pk}, _, {pd}]"
+    );
+    assert_eq!(
+        kpool.dims(),
+        vpool.dims(),
+        "attention_step: K and V pools differ"
+    );
+    assert_eq!(lens.dims(), [s], "attention_step: one length per slot");
+    assert_eq!(slots.dims(), [b], "attention_step: one slot per row");
+    let (o, kp, vp) = <D as NemotronOps>::attention_step(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        kpool.into_dispatch(),
+        vpool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        scale,
+    );
+    (out(o), out(kp), out(vp))
+}
+
+/// `lens[slots[b]] += 1` for the non-pad rows.
+pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, Int> {
+    Tensor::from_dispatch(<D as NemotronOps>::advance_lens(
+        lens.into_dispatch(),
+        slots.clone().into_dispatch(),
+    ))
+}
+
+/// `pool[slot, :, 0..L, :] = src` (`pool` `[S, A, M, C]`, `src` `[A, L, C]`).
+pub fn write_slot(pool: Tensor<4>, src: Tensor<3>, slot: usize) -> Tensor<4> {
+    let ([s, a, m, c], [sa, l, sc]) = (pool.dims(), src.dims());
+    assert!(
+        slot < s && sa == a && sc == c && l <= m,
+        "write_slot: src [{sa}, {l}, {sc}] into slot {slot} of [{s}, {a}, {m}, {c}]"
+    );
+    out(<D as NemotronOps>::write_slot(
+        pool.into_dispatch(),
+        src.into_dispatch(),
+        slot,
+    ))
+}
+
+/// Sets the I32 tensor `t` to `data`: in place on CubeCL devices (same buffer, so a captured
+/// graph sees the new values), by replacement elsewhere.
+pub fn write_i32<const N: usize>(t: &mut Tensor<N, Int>, data: &[i32]) {
+    assert!(
+        t.dtype() == DType::I32 && t.shape().num_elements() == data.len(),
+        "write_i32: {} values into a {:?} tensor of {} elements",
+        data.len(),
+        t.dtype(),
+        t.shape().num_elements()
+    );
+    #[cfg(feature = "cube")]
+    if crate::cube::is_cube(&t.device()) {
+        crate::cube::write_i32_in_place(t, data).unwrap_or_else(|e| panic!("write_i32: {e}"));
+        return;
+    }
+    let shape = t.shape();
+    *t = Tensor::from_data(
+        TensorData::new(data.to_vec(), shape),
+        (&t.device(), DType::I32),
+    );
+}

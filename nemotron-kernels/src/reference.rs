@@ -409,3 +409,143 @@ pub fn dt_softplus(dt: &[f32], bias: &[f32], min: Option<f32>) -> Vec<f32> {
         })
         .collect()
 }
+
+/// One decode token per row through the conv with its state held in a slot pool
+/// (see [`crate::NemotronOps::conv_step`]): `x` `[B, C]`, `pool` `[S, C, K-1]` updated in place,
+/// `slots[b]` the row's slot (negative: a pad row, output zeros, pool untouched).
+pub fn conv_step(
+    x: &[f32],
+    weight: &[f32],
+    k: usize,
+    bias: Option<&[f32]>,
+    pool: &mut [f32],
+    slots: &[i64],
+) -> Vec<f32> {
+    let c = weight.len() / k;
+    let km1 = k - 1;
+    let mut y = vec![0f32; x.len()];
+    for (b, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        let s = s as usize;
+        for ch in 0..c {
+            let st = &mut pool[(s * c + ch) * km1..][..km1];
+            let mut acc = bias.map_or(0.0, |bb| bb[ch]);
+            for kk in 0..km1 {
+                acc += weight[ch * k + kk] * st[kk];
+            }
+            acc += weight[ch * k + km1] * x[b * c + ch];
+            y[b * c + ch] = silu(acc);
+            st.rotate_left(1.min(km1));
+            if km1 > 0 {
+                st[km1 - 1] = x[b * c + ch];
+            }
+        }
+    }
+    y
+}
+
+/// One decode token per row through the selective scan with its state in a slot pool (see
+/// [`crate::NemotronOps::ssm_step`]): `x` `[B, H, P]`, `dt` `[B, H]`, `bm`/`cm` `[B, G, N]`,
+/// `pool` `[S, H, P, N]` updated in place; negative slots are pad rows.
+#[allow(clippy::too_many_arguments)]
+pub fn ssm_step(
+    x: &[f32],
+    dt: &[f32],
+    a: &[f32],
+    bm: &[f32],
+    cm: &[f32],
+    d: &[f32],
+    pool: &mut [f32],
+    slots: &[i64],
+    dims: ScanDims,
+) -> Vec<f32> {
+    let ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    } = dims;
+    let per_group = h / g;
+    let mut y = vec![0f32; x.len()];
+    for (b, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        let s = s as usize;
+        for hh in 0..h {
+            let gg = hh / per_group;
+            let dtv = dt[b * h + hh];
+            let decay = (dtv * a[hh]).exp();
+            let bvec = &bm[(b * g + gg) * n..][..n];
+            let cvec = &cm[(b * g + gg) * n..][..n];
+            for pp in 0..p {
+                let xv = x[(b * h + hh) * p + pp];
+                let row = &mut pool[((s * h + hh) * p + pp) * n..][..n];
+                let mut acc = 0f32;
+                for nn in 0..n {
+                    row[nn] = decay * row[nn] + dtv * xv * bvec[nn];
+                    acc += row[nn] * cvec[nn];
+                }
+                y[(b * h + hh) * p + pp] = acc + d[hh] * xv;
+            }
+        }
+    }
+    y
+}
+
+/// One decode token per row through GQA attention over a slot's KV cache (see
+/// [`crate::NemotronOps::attention_step`]): appends `k`, `v` (`[B, KVH, D]`) at position
+/// `lens[slot]` of `kpool`/`vpool` (`[S, KVH, cap, D]`, in place), then attends `q` (`[B, NH, D]`)
+/// over the `lens[slot] + 1` keys with softmax in f32. `lens` is not advanced. Pad rows (negative
+/// slots) give zeros.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_step(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kpool: &mut [f32],
+    vpool: &mut [f32],
+    lens: &[i64],
+    slots: &[i64],
+    (nh, kvh, hd, cap): (usize, usize, usize, usize),
+    scale: f32,
+) -> Vec<f32> {
+    let mut o = vec![0f32; q.len()];
+    let rep = nh / kvh;
+    for (b, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        let s = s as usize;
+        let len = lens[s] as usize;
+        assert!(len < cap, "slot {s} is full ({len} of {cap} positions)");
+        for g in 0..kvh {
+            let at = ((s * kvh + g) * cap + len) * hd;
+            kpool[at..at + hd].copy_from_slice(&k[(b * kvh + g) * hd..][..hd]);
+            vpool[at..at + hd].copy_from_slice(&v[(b * kvh + g) * hd..][..hd]);
+        }
+        for qh in 0..nh {
+            let g = qh / rep;
+            let qv = &q[(b * nh + qh) * hd..][..hd];
+            let scores: Vec<f32> = (0..=len)
+                .map(|t| {
+                    let kt = &kpool[((s * kvh + g) * cap + t) * hd..][..hd];
+                    qv.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let e: Vec<f32> = scores.iter().map(|&x| (x - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            let out = &mut o[(b * nh + qh) * hd..][..hd];
+            for (t, w) in e.iter().enumerate() {
+                let vt = &vpool[((s * kvh + g) * cap + t) * hd..][..hd];
+                for (od, vd) in out.iter_mut().zip(vt) {
+                    *od += w / z * vd;
+                }
+            }
+        }
+    }
+    o
+}

@@ -9,11 +9,14 @@
 //! | norm | [`norm`] | (gated) group RMSNorm |
 //! | routing | [`route`] | MoE sigmoid top-k routing |
 //! | matmul | [`matmul`] | exact-f32-accumulation batched matmul |
+//! | attention | [`attention`] (`decode`) | GQA decode attention over slot KV caches |
+//! | slots | [`slots`], [`mamba::step`] | decode over state slots: conv / SSM steps in place, lengths, slot writes |
 //!
 //! [`buffers`] turns tensors into kernel buffers; [`reduce`] holds shared reductions. Activations
 //! are read and written in their storage type (f32, bf16, f16) except the Mamba2 conv and scan,
 //! which run in f32 (the SSM state is f32 whatever the activation dtype).
 
+pub mod attention;
 pub mod buffers;
 pub mod linear;
 pub mod mamba;
@@ -21,6 +24,7 @@ pub mod matmul;
 pub mod norm;
 pub mod reduce;
 pub mod route;
+pub mod slots;
 
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows};
 use burn_cubecl::tensor::CubeTensor;
@@ -74,6 +78,50 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         lens: &[usize],
     ) -> (T<R>, T<R>) {
         mamba::scan::launch(x, dt, a, b, c, d, state, lens)
+    }
+
+    fn conv_step(
+        x: T<R>,
+        weight: T<R>,
+        bias: Maybe<Self>,
+        pool: T<R>,
+        slots: T<R>,
+    ) -> (T<R>, T<R>) {
+        mamba::step::conv_launch(x, weight, bias, pool, slots)
+    }
+
+    fn ssm_step(
+        x: T<R>,
+        dt: T<R>,
+        a: T<R>,
+        b: T<R>,
+        c: T<R>,
+        d: T<R>,
+        pool: T<R>,
+        slots: T<R>,
+    ) -> (T<R>, T<R>) {
+        mamba::step::ssm_launch(x, dt, a, b, c, d, pool, slots)
+    }
+
+    fn attention_step(
+        q: T<R>,
+        k: T<R>,
+        v: T<R>,
+        kpool: T<R>,
+        vpool: T<R>,
+        lens: T<R>,
+        slots: T<R>,
+        scale: f32,
+    ) -> (T<R>, T<R>, T<R>) {
+        attention::decode::launch(q, k, v, kpool, vpool, lens, slots, scale)
+    }
+
+    fn advance_lens(lens: T<R>, slots: T<R>) -> T<R> {
+        slots::advance_launch(lens, slots)
+    }
+
+    fn write_slot(pool: T<R>, src: T<R>, slot: usize) -> T<R> {
+        slots::write_launch(pool, src, slot)
     }
 }
 
@@ -144,5 +192,19 @@ pub fn write_i32_in_place<const D: usize>(
         other => Err(format!(
             "in-place writes need a CubeCL device, not {other:?}"
         )),
+    }
+}
+
+/// Whether `device` runs the CubeCL backends of this build.
+pub fn is_cube(device: &burn::tensor::Device) -> bool {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    match device.as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(_) => true,
+        #[cfg(feature = "wgpu")]
+        DispatchDevice::Wgpu(_) => true,
+        #[allow(unreachable_patterns)]
+        _ => false,
     }
 }

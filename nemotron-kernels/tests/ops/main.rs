@@ -18,6 +18,7 @@ mod mamba;
 mod matmul;
 mod norm;
 mod route;
+mod slots;
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::rng::Lcg;
@@ -205,4 +206,8 @@ arms! {
     causal_conv1d => mamba::conv_matches,
     selective_scan => mamba::scan_matches,
     matmul => matmul::matmul_matches,
+    conv_step => slots::conv_step_matches,
+    ssm_step => slots::ssm_step_matches,
+    attention_step => slots::attention_step_matches,
+    advance_and_write_slot => slots::advance_and_write_slot_match,
 }

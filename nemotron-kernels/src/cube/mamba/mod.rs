@@ -6,3 +6,4 @@
 pub mod conv;
 pub mod scan;
 pub mod softplus;
+pub mod step;

@@ -1,0 +1,168 @@
+//! Decode over state slots: the conv and SSM steps, decode attention, the length advance and the
+//! slot write, against the host reference — pad rows, rows out of slot order, and the pools
+//! written in place (a clone taken before the call sees the new values: same buffer).
+
+use super::{close, host, Arm, Rng};
+use burn::tensor::{Int, Tensor, TensorData};
+use nemotron_kernels::ops;
+
+fn slots(a: &Arm, v: &[i32]) -> Tensor<1, Int> {
+    Tensor::from_data(
+        TensorData::new(v.to_vec(), [v.len()]),
+        (&a.dev, burn::tensor::DType::I32),
+    )
+}
+
+fn ints(t: Tensor<1, Int>) -> Vec<i64> {
+    t.into_data().convert::<i64>().into_vec().unwrap()
+}
+
+pub fn conv_step_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(11, arm));
+    let (s, c, k) = (4, 20, 4);
+    let rows = [2, -1, 0];
+    let x = rng.vec(rows.len() * c, 1.0);
+    let w = rng.vec(c * k, 0.5);
+    let bias = rng.vec(c, 0.5);
+    let pool = rng.vec(s * c * (k - 1), 1.0);
+    let run = |a: &Arm| {
+        let p = a.t(&pool, [s, c, k - 1]);
+        let before = p.clone();
+        let (y, p) = ops::conv_step(
+            a.t(&x, [rows.len(), c]),
+            a.t(&w, [c, k]),
+            Some(a.t(&bias, [c])),
+            p,
+            &slots(a, &rows),
+        );
+        (host(y), host(p), host(before))
+    };
+    let ((gy, gp, gbefore), (ry, rp, _)) = (run(arm), run(&href));
+    close("conv_step y", &gy, &ry, arm.band.lin);
+    assert!(
+        gy[c..2 * c].iter().all(|&v| v == 0.0),
+        "conv_step: a pad row is not zero"
+    );
+    close("conv_step pool", &gp, &rp, arm.band.lin);
+    close("conv_step pool written in place", &gbefore, &gp, 0.0);
+    close(
+        "conv_step untouched slots",
+        &gp[c * (k - 1)..2 * c * (k - 1)],
+        &pool[c * (k - 1)..2 * c * (k - 1)],
+        0.0,
+    );
+}
+
+pub fn ssm_step_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(12, arm));
+    let (s, h, p, g, n) = (3, 4, 8, 2, 16);
+    let rows = [1, -1, 2, 0];
+    let b = rows.len();
+    let x = rng.vec(b * h * p, 1.0);
+    let dt: Vec<f32> = rng
+        .vec(b * h, 1.0)
+        .iter()
+        .map(|v| rng.round(0.01 + 0.1 * v.abs()))
+        .collect();
+    let a: Vec<f32> = (0..h).map(|i| -(1.0 + i as f32)).collect();
+    let bm = rng.vec(b * g * n, 1.0);
+    let cm = rng.vec(b * g * n, 1.0);
+    let d = rng.vec(h, 1.0);
+    let pool = rng.vec(s * h * p * n, 0.5);
+    let run = |ar: &Arm| {
+        let pl = ar.f32(&pool, [s, h, p, n]);
+        let before = pl.clone();
+        let (y, pl) = ops::ssm_step(
+            ar.t(&x, [b, h, p]),
+            ar.t(&dt, [b, h]),
+            ar.t(&a, [h]),
+            ar.t(&bm, [b, g, n]),
+            ar.t(&cm, [b, g, n]),
+            ar.t(&d, [h]),
+            pl,
+            &slots(ar, &rows),
+        );
+        (host(y), host(pl), host(before))
+    };
+    let ((gy, gp, gbefore), (ry, rp, _)) = (run(arm), run(&href));
+    close("ssm_step y", &gy, &ry, arm.band.scan);
+    assert!(
+        gy[h * p..2 * h * p].iter().all(|&v| v == 0.0),
+        "ssm_step: a pad row is not zero"
+    );
+    close("ssm_step pool", &gp, &rp, arm.band.scan);
+    close("ssm_step pool written in place", &gbefore, &gp, 0.0);
+}
+
+pub fn attention_step_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(13, arm));
+    let (s, nh, kvh, hd, cap) = (3, 4, 2, 16, 8);
+    let lens = [3, 0, 5];
+    let rows = [2, 0, -1, 1];
+    let b = rows.len();
+    let q = rng.vec(b * nh * hd, 1.0);
+    let k = rng.vec(b * kvh * hd, 1.0);
+    let v = rng.vec(b * kvh * hd, 1.0);
+    let kp = rng.vec(s * kvh * cap * hd, 1.0);
+    let vp = rng.vec(s * kvh * cap * hd, 1.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let run = |a: &Arm| {
+        let (kpool, vpool) = (a.t(&kp, [s, kvh, cap, hd]), a.t(&vp, [s, kvh, cap, hd]));
+        let before = kpool.clone();
+        let lens_t = slots(a, &lens);
+        let (o, kpool, vpool) = ops::attention_step(
+            a.t(&q, [b, nh, hd]),
+            a.t(&k, [b, kvh, hd]),
+            a.t(&v, [b, kvh, hd]),
+            kpool,
+            vpool,
+            &lens_t,
+            &slots(a, &rows),
+            scale,
+        );
+        (
+            host(o),
+            host(kpool),
+            host(vpool),
+            host(before),
+            ints(lens_t),
+        )
+    };
+    let ((go, gk, gv, gbefore, glens), (ro, rk, rv, _, _)) = (run(arm), run(&href));
+    close("attention_step o", &go, &ro, arm.band.lin);
+    assert!(
+        go[2 * nh * hd..3 * nh * hd].iter().all(|&v| v == 0.0),
+        "attention_step: a pad row is not zero"
+    );
+    close("attention_step K pool", &gk, &rk, 0.0);
+    close("attention_step V pool", &gv, &rv, 0.0);
+    close("attention_step K pool written in place", &gbefore, &gk, 0.0);
+    assert_eq!(glens, vec![3, 0, 5], "attention_step advanced the lengths");
+}
+
+pub fn advance_and_write_slot_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(14, arm));
+    let run = |a: &Arm| {
+        let lens = slots(a, &[3, 0, 5, 7]);
+        let before = lens.clone();
+        let lens = ops::advance_lens(lens, &slots(a, &[2, -1, 0]));
+        (ints(lens), ints(before))
+    };
+    let ((gl, gbefore), (rl, _)) = (run(arm), run(&href));
+    assert_eq!(gl, vec![4, 0, 6, 7], "advance_lens");
+    assert_eq!(gl, rl, "advance_lens against the host");
+    assert_eq!(gbefore, gl, "advance_lens in place");
+    let (s, a, m, c, l) = (3, 2, 6, 4, 5);
+    let pool = rng.vec(s * a * m * c, 1.0);
+    let src = rng.vec(a * l * c, 1.0);
+    let run = |ar: &Arm| {
+        let p = ar.t(&pool, [s, a, m, c]);
+        let before = p.clone();
+        let p = ops::write_slot(p, ar.t(&src, [a, l, c]), 1);
+        (host(p), host(before))
+    };
+    let ((gp, gbefore), (rp, _)) = (run(arm), run(&href));
+    close("write_slot", &gp, &rp, 0.0);
+    close("write_slot in place", &gbefore, &gp, 0.0);
+    assert_ne!(gp, pool, "write_slot wrote nothing");
+}
