@@ -2,8 +2,9 @@
 
 use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
+use crate::slots::SlotLayer;
 use crate::util::from_vec;
-use burn::tensor::{activation::softmax, Bool, DType, Device, Tensor, TensorData};
+use burn::tensor::{activation::softmax, Bool, DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::config::AttentionConfig;
 use nemotron_loader::AttentionWeights;
@@ -45,6 +46,69 @@ impl Attention {
             head_dim: cfg.head_dim,
             kv_scales: w.k_scale.zip(w.v_scale),
             rope_theta,
+        }
+    }
+
+    /// Whether this layer carries the RoPE deviation (the slot path does not implement it).
+    pub(crate) fn has_rope(&self) -> bool {
+        self.rope_theta.is_some()
+    }
+
+    /// Zero KV pools for `slots` sequences of up to `capacity` tokens: `[S, KVH, cap, D]` each,
+    /// in the activation dtype.
+    pub fn new_slots(
+        &self,
+        slots: usize,
+        capacity: usize,
+        dev: &Device,
+        dtype: DType,
+    ) -> SlotLayer {
+        let shape = [slots, self.kv_heads, capacity, self.head_dim];
+        SlotLayer::Attention {
+            k: Tensor::zeros(shape, (dev, dtype)),
+            v: Tensor::zeros(shape, (dev, dtype)),
+        }
+    }
+
+    /// One token per row over slot KV caches: `h` `[B, 1, hidden]`; appends this token's K/V at
+    /// each slot's length (`lens`, not advanced here) and attends over the slot's keys.
+    pub fn step(
+        &self,
+        h: Tensor<3>,
+        pools: &mut SlotLayer,
+        lens: &Tensor<1, Int>,
+        slots: &Tensor<1, Int>,
+    ) -> Tensor<3> {
+        let [bsz, _, _] = h.dims();
+        let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let SlotLayer::Attention { k: kpool, v: vpool } = pools else {
+            panic!("an attention layer's slots hold {pools:?}")
+        };
+        let q = self
+            .q
+            .forward(h.clone(), Epilogue::None)
+            .reshape([bsz, nh, hd]);
+        let k = self
+            .k
+            .forward(h.clone(), Epilogue::None)
+            .reshape([bsz, kvh, hd]);
+        let v = self.v.forward(h, Epilogue::None).reshape([bsz, kvh, hd]);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        let (o, kp, vp) =
+            ops::attention_step(q, k, v, kpool.clone(), vpool.clone(), lens, slots, scale);
+        *kpool = kp;
+        *vpool = vp;
+        self.o.forward(o.reshape([bsz, 1, nh * hd]), Epilogue::None)
+    }
+
+    /// The keys and values a prefilled sequence holds for this layer (`[KVH, S, D]` each).
+    pub(crate) fn prefix(state: &LayerState) -> Option<(Tensor<3>, Tensor<3>)> {
+        match state {
+            LayerState::Attention {
+                k: Some(k),
+                v: Some(v),
+            } => Some((k.clone(), v.clone())),
+            _ => None,
         }
     }
 

@@ -6,9 +6,10 @@ use crate::mamba2::Mamba2;
 use crate::mlp::Mlp;
 use crate::moe::Moe;
 use crate::norm::RmsNorm;
+use crate::slots::SlotLayer;
 use crate::util::float;
 use crate::Deviations;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use nemotron_loader::{LayerWeights, MixerWeights, NemotronHConfig};
 
 #[derive(Debug, Clone)]
@@ -81,6 +82,39 @@ impl Block {
             Mixer::Attention(_) => LayerState::Attention { k: None, v: None },
             Mixer::Moe(_) | Mixer::Mlp(_) => LayerState::Stateless,
         }
+    }
+
+    /// This block's part of fresh slot pools.
+    pub fn new_slots(
+        &self,
+        slots: usize,
+        capacity: usize,
+        dev: &Device,
+        dtype: DType,
+    ) -> SlotLayer {
+        match &self.mixer {
+            Mixer::Mamba(m) => m.new_slots(slots),
+            Mixer::Attention(a) => a.new_slots(slots, capacity, dev, dtype),
+            Mixer::Moe(_) | Mixer::Mlp(_) => SlotLayer::Stateless,
+        }
+    }
+
+    /// One token per row over slot states (see [`crate::NemotronH::decode_slots`]).
+    pub fn step(
+        &self,
+        x: Tensor<3>,
+        pools: &mut SlotLayer,
+        lens: &Tensor<1, Int>,
+        slots: &Tensor<1, Int>,
+    ) -> Tensor<3> {
+        let h = self.norm.forward(x.clone());
+        let y = match &self.mixer {
+            Mixer::Mamba(m) => m.step(h, pools, slots),
+            Mixer::Moe(m) => m.forward(h),
+            Mixer::Attention(a) => a.step(h, pools, lens, slots),
+            Mixer::Mlp(m) => m.forward(h),
+        };
+        x + y
     }
 
     pub fn forward(

@@ -26,6 +26,7 @@ pub mod model;
 pub mod moe;
 pub mod norm;
 pub mod sampling;
+pub mod slots;
 mod util;
 
 pub use cache::SequenceState;
@@ -36,3 +37,4 @@ pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;
 pub use sampling::Sampling;
+pub use slots::SlotState;

@@ -4,9 +4,10 @@
 use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::norm::GatedRmsNorm;
+use crate::slots::SlotLayer;
 use crate::util::{float, from_vec};
 use crate::Deviations;
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::config::MambaConfig;
 use nemotron_loader::MambaWeights;
@@ -77,6 +78,75 @@ impl Mamba2 {
             conv: Tensor::zeros([c.conv_dim(), c.conv_kernel - 1], (&dev, self.a.dtype())),
             ssm: Tensor::zeros([c.num_heads, c.head_dim, c.state_size], (&dev, DType::F32)),
         }
+    }
+
+    /// Zero state pools for `slots` sequences: conv `[S, C, K-1]` in the activation dtype, SSM
+    /// `[S, H, P, N]` f32.
+    pub fn new_slots(&self, slots: usize) -> SlotLayer {
+        let c = &self.cfg;
+        let dev = self.a.device();
+        SlotLayer::Mamba {
+            conv: Tensor::zeros(
+                [slots, c.conv_dim(), c.conv_kernel - 1],
+                (&dev, self.a.dtype()),
+            ),
+            ssm: Tensor::zeros(
+                [slots, c.num_heads, c.head_dim, c.state_size],
+                (&dev, DType::F32),
+            ),
+        }
+    }
+
+    /// One token per row over slot states: `h` `[B, 1, hidden]`; row `b`'s state is slot
+    /// `slots[b]` of `pools` (updated in place on device backends); negative slots are pad rows.
+    pub fn step(&self, h: Tensor<3>, pools: &mut SlotLayer, slots: &Tensor<1, Int>) -> Tensor<3> {
+        let c = &self.cfg;
+        let [bsz, _, _] = h.dims();
+        let (i, conv, nh, g, n, p) = (
+            c.inner(),
+            c.conv_dim(),
+            c.num_heads,
+            c.n_groups,
+            c.state_size,
+            c.head_dim,
+        );
+        let SlotLayer::Mamba { conv: cpool, ssm } = pools else {
+            panic!("a Mamba layer's slots hold {pools:?}")
+        };
+        let zxbcdt = self.in_proj.forward(h, Epilogue::None);
+        let z = zxbcdt.clone().slice_dim(2, 0..i);
+        let xbc: Tensor<2> = zxbcdt
+            .clone()
+            .slice_dim(2, i..i + conv)
+            .reshape([bsz, conv]);
+        let dt = zxbcdt.slice_dim(2, i + conv..i + conv + nh);
+        let (xbc, cp) = ops::conv_step(
+            xbc,
+            self.conv_weight.clone(),
+            self.conv_bias.clone(),
+            cpool.clone(),
+            slots,
+        );
+        *cpool = cp;
+        let x = xbc.clone().slice_dim(1, 0..i).reshape([bsz, nh, p]);
+        let bm = xbc.clone().slice_dim(1, i..i + g * n).reshape([bsz, g, n]);
+        let cm = xbc
+            .slice_dim(1, i + g * n..i + 2 * g * n)
+            .reshape([bsz, g, n]);
+        let dt = ops::dt_softplus(dt, self.dt_bias.clone(), self.dt_min).reshape([bsz, nh]);
+        let (y, sp) = ops::ssm_step(
+            x,
+            dt,
+            self.a.clone(),
+            bm,
+            cm,
+            self.d.clone(),
+            ssm.clone(),
+            slots,
+        );
+        *ssm = sp;
+        let u = self.norm.forward(y.reshape([bsz, 1, i]), z);
+        self.out_proj.forward(u, Epilogue::None)
     }
 
     /// `h`: `[B, T, hidden]`, right-padded; `lens[b]` valid positions of sequence `b`.

@@ -156,7 +156,11 @@ impl NemotronH {
         Ok(self.head(x))
     }
 
-    fn head<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+    pub(crate) fn embeddings(&self) -> &Tensor<2> {
+        &self.embeddings
+    }
+
+    pub(crate) fn head<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         self.lm_head.forward(self.norm_f.forward(x), Epilogue::None)
     }
 

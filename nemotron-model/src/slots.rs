@@ -1,0 +1,183 @@
+//! Decode state in fixed slots: every layer's state for `S` sequences allocated once — conv
+//! `[S, C, K-1]` and f32 SSM `[S, H, P, N]` per Mamba layer, K/V `[S, KVH, capacity, D]` per
+//! attention layer — plus each slot's length on the device. A decode step reads the token ids and
+//! the slot of each row from device tensors and updates the pools and lengths in place (on device
+//! backends), so one captured step replays correctly from step to step; pad rows carry slot −1.
+//! A prefilled sequence (the ragged forward, which stays the reference and the prefill path)
+//! enters its slot with [`NemotronH::load_slot`].
+
+use crate::attention::Attention;
+use crate::block::Mixer;
+use crate::cache::{LayerState, SequenceState};
+use crate::error::ModelError;
+use crate::model::NemotronH;
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use nemotron_kernels::ops;
+
+/// One layer's share of the slot pools.
+#[derive(Debug, Clone)]
+pub enum SlotLayer {
+    Mamba { conv: Tensor<3>, ssm: Tensor<4> },
+    Attention { k: Tensor<4>, v: Tensor<4> },
+    Stateless,
+}
+
+/// The decode state of up to `slots` sequences of up to `capacity` tokens each.
+#[derive(Debug, Clone)]
+pub struct SlotState {
+    pub(crate) layers: Vec<SlotLayer>,
+    /// Tokens held by each slot, `[S]` I32 on the device (read by the attention kernels).
+    pub(crate) lens: Tensor<1, Int>,
+    /// The same lengths on the host.
+    host_lens: Vec<usize>,
+    capacity: usize,
+}
+
+impl SlotState {
+    pub fn slots(&self) -> usize {
+        self.host_lens.len()
+    }
+
+    /// Tokens each slot can hold (prompt and generated together).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Tokens slot `slot` holds.
+    pub fn len(&self, slot: usize) -> usize {
+        self.host_lens[slot]
+    }
+
+    /// Device bytes the pools take.
+    pub fn bytes(&self) -> usize {
+        let size = |t: &Tensor<3>| t.shape().num_elements() * t.dtype().size();
+        let size4 = |t: &Tensor<4>| t.shape().num_elements() * t.dtype().size();
+        self.layers
+            .iter()
+            .map(|l| match l {
+                SlotLayer::Mamba { conv, ssm } => size(conv) + size4(ssm),
+                SlotLayer::Attention { k, v } => size4(k) + size4(v),
+                SlotLayer::Stateless => 0,
+            })
+            .sum::<usize>()
+            + 4 * self.slots()
+    }
+
+    /// Records on the host that the rows of `slots` (negative: pad) took one more token, as
+    /// [`NemotronH::decode_slots`] did on the device.
+    pub fn note_step(&mut self, slots: &[i32]) {
+        for &s in slots {
+            if s >= 0 {
+                self.host_lens[s as usize] += 1;
+            }
+        }
+    }
+}
+
+impl NemotronH {
+    /// Zero pools for `slots` sequences of up to `capacity` tokens each.
+    pub fn new_slots(&self, slots: usize, capacity: usize) -> Result<SlotState, ModelError> {
+        if slots == 0 || capacity == 0 {
+            return Err(ModelError::Input(format!(
+                "slot state needs at least one slot and one token of capacity (got {slots} slots of {capacity})"
+            )));
+        }
+        if self
+            .layers()
+            .iter()
+            .any(|b| matches!(b.mixer(), Mixer::Attention(a) if a.has_rope()))
+        {
+            return Err(ModelError::Unsupported {
+                tensor: "attention".into(),
+                reason: "the RoPE deviation exists for the ragged reference only".into(),
+            });
+        }
+        let dev = self.device();
+        let layers = self
+            .layers()
+            .iter()
+            .map(|b| b.new_slots(slots, capacity, dev, self.dtype()))
+            .collect();
+        Ok(SlotState {
+            layers,
+            lens: Tensor::from_data(
+                TensorData::new(vec![0i32; slots], [slots]),
+                (dev, DType::I32),
+            ),
+            host_lens: vec![0; slots],
+            capacity,
+        })
+    }
+
+    /// Writes a prefilled sequence's state into slot `slot` (whatever the slot held before: its
+    /// conv and SSM state are overwritten, its KV cache is read only up to the new length).
+    pub fn load_slot(
+        &self,
+        st: &mut SlotState,
+        slot: usize,
+        seq: &SequenceState,
+    ) -> Result<(), ModelError> {
+        if slot >= st.slots() {
+            return Err(ModelError::Input(format!(
+                "slot {slot} of {} slots",
+                st.slots()
+            )));
+        }
+        if seq.position > st.capacity {
+            return Err(ModelError::ContextTooLong {
+                prompt: seq.position,
+                context: st.capacity,
+            });
+        }
+        for (pools, state) in st.layers.iter_mut().zip(&seq.layers) {
+            match (pools, state) {
+                (SlotLayer::Mamba { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
+                    let [ch, km1] = c.dims();
+                    *conv = ops::write_slot(
+                        conv.clone().unsqueeze_dim::<4>(3),
+                        c.clone().reshape([ch, km1, 1]),
+                        slot,
+                    )
+                    .squeeze_dim(3);
+                    *ssm = ops::write_slot(ssm.clone(), s.clone(), slot);
+                }
+                (SlotLayer::Attention { k, v }, st) => {
+                    if let Some((ks, vs)) = Attention::prefix(st) {
+                        *k = ops::write_slot(k.clone(), ks, slot);
+                        *v = ops::write_slot(v.clone(), vs, slot);
+                    }
+                }
+                (SlotLayer::Stateless, LayerState::Stateless) => {}
+                (p, s) => {
+                    return Err(ModelError::Input(format!(
+                        "a sequence state {s:?} does not fit the slot layer {p:?}"
+                    )))
+                }
+            }
+        }
+        st.host_lens[slot] = seq.position;
+        let lens: Vec<i32> = st.host_lens.iter().map(|&l| l as i32).collect();
+        ops::write_i32(&mut st.lens, &lens);
+        Ok(())
+    }
+
+    /// One decode step over slot states: `ids` `[B, 1]` (I32), `slots` `[B]` (I32; −1 for pad
+    /// rows). Returns the logits `[B, vocab]` (pad rows: meaningless) and advances the lengths of
+    /// the non-pad slots on the device; call [`SlotState::note_step`] with the same slots to keep
+    /// the host's copy. Performs no host write or read, so it can be captured as a graph.
+    pub fn decode_slots(
+        &self,
+        st: &mut SlotState,
+        ids: &Tensor<2, Int>,
+        slots: &Tensor<1, Int>,
+    ) -> Tensor<2> {
+        let [b, _] = ids.dims();
+        let mut x = burn::tensor::module::embedding(self.embeddings().clone(), ids.clone());
+        for (block, pools) in self.layers().iter().zip(st.layers.iter_mut()) {
+            x = block.step(x, pools, &st.lens, slots);
+        }
+        st.lens = ops::advance_lens(st.lens.clone(), slots);
+        let [_, _, h] = x.dims();
+        self.head(x.reshape([b, h]))
+    }
+}

@@ -1,0 +1,132 @@
+//! The slot decode path against the ragged forward (the reference): sequences prefilled by the
+//! ragged forward, loaded into slots of a shared state (out of order, with a pad row), decoded
+//! teacher-forced one token per step through `decode_slots`, against each sequence decoded alone
+//! through `forward_last` — and a slot reused by a second sequence carries nothing of the first.
+//!
+//! Bands: f32 within 1e-5 of the logit scale (both paths are exact f32; they differ in summation
+//! order); bf16 within 3.5e-2 of the scale (the bf16 host band of `device_parity`), with up to
+//! two rows beyond it forgiven for routing flips. Host (Flex) and wgpu run in CI; CUDA is
+//! `#[ignore]`d without a GPU.
+
+mod common;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use common::*;
+use nemotron::loader::synth::{Geometry, SynthRecipe};
+use nemotron::model::{NemotronH, SlotState};
+
+fn tensor_i32<const N: usize>(dev: &Device, v: Vec<i32>, shape: [usize; N]) -> Tensor<N, Int> {
+    Tensor::from_data(TensorData::new(v, shape), (dev, DType::I32))
+}
+
+/// One teacher-forced step of the rows `rows` (slot per row, −1 = pad) with tokens `toks`.
+fn step(m: &NemotronH, st: &mut SlotState, rows: &[i32], toks: &[u32]) -> Vec<f32> {
+    let dev = m.device();
+    let ids = tensor_i32(
+        dev,
+        toks.iter().map(|&t| t as i32).collect(),
+        [toks.len(), 1],
+    );
+    let slots = tensor_i32(dev, rows.to_vec(), [rows.len()]);
+    let l = m.decode_slots(st, &ids, &slots);
+    st.note_step(rows);
+    rows_of(l)
+}
+
+fn rows_of(t: Tensor<2>) -> Vec<f32> {
+    rows(t)
+}
+
+fn check(dev: Device, dtype: DType, rel: f32, flips: usize) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);
+    let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
+    let v = m.config().vocab_size;
+    let prompts = [ids(13, v, 1), ids(5, v, 2), ids(9, v, 3)];
+    let forced: Vec<Vec<u32>> = (0..3).map(|i| ids(6, v, 10 + i)).collect();
+    // Alone, through the ragged forward.
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .zip(&forced)
+        .map(|(p, f)| {
+            let mut s = m.new_state();
+            let _ = m.forward_last(&[p], &mut [&mut s]).unwrap();
+            f.iter()
+                .flat_map(|&t| rows(m.forward_last(&[&[t]], &mut [&mut s]).unwrap()))
+                .collect()
+        })
+        .collect();
+    // Sequences 0 and 1 in slots 2 and 0 of three, a pad row between them; sequence 2 reuses
+    // slot 2 after sequence 0 is done.
+    let mut st = m.new_slots(3, 32).unwrap();
+    let prefill = |i: usize| {
+        let mut s = m.new_state();
+        let _ = m.forward_last(&[&prompts[i]], &mut [&mut s]).unwrap();
+        s
+    };
+    m.load_slot(&mut st, 2, &prefill(0)).unwrap();
+    m.load_slot(&mut st, 0, &prefill(1)).unwrap();
+    let mut got = vec![vec![]; 3];
+    for t in 0..6 {
+        let l = step(&m, &mut st, &[2, -1, 0], &[forced[0][t], 0, forced[1][t]]);
+        got[0].extend_from_slice(&l[..v]);
+        got[1].extend_from_slice(&l[2 * v..]);
+    }
+    assert_eq!((st.len(2), st.len(0), st.len(1)), (13 + 6, 5 + 6, 0));
+    m.load_slot(&mut st, 2, &prefill(2)).unwrap();
+    for t in 0..6 {
+        let l = step(&m, &mut st, &[2], &[forced[2][t]]);
+        got[2].extend_from_slice(&l);
+    }
+    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+        let (d, scale) = diff(g, a);
+        let beyond = row_diffs(g, a, v)
+            .iter()
+            .filter(|&&x| x > rel * scale)
+            .count();
+        eprintln!("{dtype:?} sequence {i}: slots vs alone max |Δ| {d:.3e} at scale {scale:.3}, {beyond} rows beyond {:.3e}", rel * scale);
+        assert!(
+            beyond <= flips,
+            "sequence {i}: {beyond} of 6 rows beyond {rel} × {scale} (max {d})"
+        );
+    }
+}
+
+#[test]
+fn host_slots_equal_ragged() {
+    check(host(), DType::F32, 1e-5, 0);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_slots_equal_ragged() {
+    check(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+        1e-5,
+        0,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_slots_equal_ragged() {
+    check(Device::cuda(0), DType::F32, 1e-5, 0);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_bf16_slots_equal_ragged() {
+    check(Device::cuda(0), DType::BF16, 3.5e-2, 2);
+}
+
+#[test]
+fn a_sequence_longer_than_a_slot_is_refused() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);
+    let m = load_host(dir.path());
+    let mut st = m.new_slots(2, 8).unwrap();
+    let mut s = m.new_state();
+    let _ = m.forward_last(&[&ids(9, 256, 1)], &mut [&mut s]).unwrap();
+    let e = m.load_slot(&mut st, 1, &s).unwrap_err().to_string();
+    assert!(e.contains('9') && e.contains('8'), "{e}");
+}
