@@ -18,7 +18,8 @@
 //!
 //! `cargo run --release [--features cuda] --example bench -- [--backend flex|ndarray|wgpu|cuda]
 //!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR | --synthetic lightning]
-//!  [--prompt-len 128] [--decode 32] [--batch 1] [--repeats 3] [--no-hf] [--graph] [--kernels]`
+//!  [--prompt-len 128] [--decode 32] [--batch 1] [--repeats 3] [--no-hf] [--graph] [--kernels]
+//!  [--engine [--graphs on|off]]`
 //!
 //! Synthetic geometries on disk are written as BF16 checkpoints (HF cannot read NVFP4/FP8 ones).
 
@@ -70,6 +71,12 @@ struct Args {
     /// (`--decode 0` skips the throughput runs).
     #[arg(long)]
     graph: bool,
+    /// Decode on the engine (fixed slots, continuous batching) instead of the ragged forward.
+    #[arg(long)]
+    engine: bool,
+    /// With --engine: replay captured decode steps (on) or run them eagerly (off).
+    #[arg(long, default_value = "on")]
+    graphs: String,
     /// Skip the model; the device-timed kernel table at the Lightning shapes.
     #[arg(long)]
     kernels: bool,
@@ -244,6 +251,13 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             .collect()
     };
     for (batch, plen) in runs {
+        if a.engine {
+            let (p, d) = engine_run(a, &m, batch, plen)?;
+            if first == (0.0, 0.0) {
+                first = (p, d);
+            }
+            continue;
+        }
         let prompts: Vec<Vec<u32>> = (0..batch)
             .map(|b| {
                 (0..plen)
@@ -297,6 +311,66 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         return Ok(());
     }
     hf(a, &dir, p, d)
+}
+
+/// Prefill and decode on the decode engine: `batch` requests of `plen` tokens, `decode` new tokens
+/// each, greedy; the first repeat warms up (and captures the graphs). Returns (prefill tok/s,
+/// decode tok/s).
+fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f64)> {
+    use nemotron::model::{Engine, EngineOptions, GenerateOptions};
+    let graphs = match a.graphs.as_str() {
+        "on" => true,
+        "off" => false,
+        g => return Err(format!("--graphs {g:?}: expected on or off").into()),
+    };
+    let mut opts = EngineOptions::new(batch, plen + a.decode + 1);
+    opts.graphs = graphs;
+    let mut e = Engine::new(m, opts)?;
+    let v = m.config().vocab_size;
+    let dev = m.device().clone();
+    let (mut pre, mut dec) = (vec![], vec![]);
+    for r in 0..=a.repeats.max(1) {
+        for b in 0..batch {
+            let prompt: Vec<u32> = (0..plen)
+                .map(|i| ((i * 7919 + 13 + b * 104729 + r) % v) as u32)
+                .collect();
+            let o = GenerateOptions {
+                max_new_tokens: a.decode + 1,
+                ..Default::default()
+            };
+            e.submit(&prompt, o)?;
+        }
+        sync(&dev);
+        let t0 = Instant::now();
+        let first = e.step()?; // admission (one ragged prefill) and the first decode step
+        let t1 = Instant::now();
+        let mut produced = first.iter().filter(|ev| ev.token.is_some()).count();
+        let steps0 = e.steps();
+        while !e.is_idle() {
+            produced += e.step()?.iter().filter(|ev| ev.token.is_some()).count();
+        }
+        let t2 = Instant::now();
+        let steps = e.steps() - steps0;
+        if r > 0 {
+            pre.push((batch * plen) as f64 / (t1 - t0).as_secs_f64());
+            dec.push((batch * steps) as f64 / (t2 - t1).as_secs_f64());
+        }
+        assert_eq!(
+            produced,
+            batch * (a.decode + 1),
+            "every request decodes its budget"
+        );
+    }
+    let (p, d) = (median(pre), median(dec));
+    println!(
+        "nemotron-rs engine (graphs {}{}): prefill {p:.1} tok/s (batch {batch} × {plen}, incl. one decode step), decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
+        a.graphs,
+        if e.captured().is_empty() { ", none captured".to_string() } else { format!(", captured {:?}", e.captured()) },
+        1e3 * batch as f64 / d,
+        a.repeats.max(1),
+        e.slots().bytes() as f64 / (1u64 << 20) as f64
+    );
+    Ok((p, d))
 }
 
 /// HF transformers on the same checkpoint (or config), in the same run.

@@ -487,3 +487,16 @@ pub fn write_i32<const N: usize>(t: &mut Tensor<N, Int>, data: &[i32]) {
         (&t.device(), DType::I32),
     );
 }
+
+/// Whether `device` captures decode steps as hardware graphs (CUDA); elsewhere a captured step
+/// would only re-run its closure.
+pub fn supports_graphs(device: &Device) -> bool {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    match device.as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(_) => true,
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}

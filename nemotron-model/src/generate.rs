@@ -1,5 +1,6 @@
-//! Generation: stopping (stop ids, token budget, context limit), a streaming iterator, and batch
-//! generation of several prompts through one ragged forward per step.
+//! Generation of one sequence: stopping (stop ids, token budget, context limit) and a streaming
+//! iterator over the ragged forward. Several prompts at once run on the decode engine
+//! ([`crate::engine`]).
 
 use crate::cache::SequenceState;
 use crate::error::ModelError;
@@ -256,100 +257,5 @@ impl NemotronH {
             tokens,
             stop: g.stop_reason().expect("finished"),
         })
-    }
-
-    /// Generates for several prompts at once: one ragged prefill, then one batched forward per
-    /// step over the sequences still running. Sequence `i` samples with seed `seed + i`.
-    /// `on_token(i, token)` streams. Results equal generating each prompt alone.
-    pub fn generate_batch(
-        &self,
-        prompts: &[Vec<u32>],
-        opts: GenerateOptions,
-        mut on_token: impl FnMut(usize, u32),
-    ) -> Result<Vec<Generation>, ModelError> {
-        let mut gens = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let mut o = opts.clone();
-                o.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);
-                Generator::new(self, p, o)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut out: Vec<Vec<u32>> = vec![vec![]; gens.len()];
-        // Ragged prefill of every prompt in one forward.
-        {
-            let owned: Vec<Vec<u32>> = prompts.to_vec();
-            let toks: Vec<&[u32]> = owned.iter().map(|p| p.as_slice()).collect();
-            let mut states: Vec<&mut SequenceState> =
-                gens.iter_mut().map(|g| &mut g.state).collect();
-            let logits = self.forward(&toks, &mut states)?;
-            let [_, t, v] = logits.dims();
-            let host: Vec<f32> = logits
-                .into_data()
-                .convert::<f32>()
-                .into_vec()
-                .expect("f32 logits");
-            for (b, g) in gens.iter_mut().enumerate() {
-                let last = g.prompt.len() - 1;
-                g.next_logits = Some(host[(b * t + last) * v..(b * t + last + 1) * v].to_vec());
-                g.prefilled = g.prompt.len();
-            }
-        }
-        loop {
-            // Each running sequence samples from its pending logits.
-            let mut running = vec![];
-            for (i, g) in gens.iter_mut().enumerate() {
-                if let Some(tok) = g.step()? {
-                    on_token(i, tok);
-                    out[i].push(tok);
-                    if g.stop.is_none() {
-                        running.push(i);
-                    }
-                }
-            }
-            // Sequences that will ask for another step need their next logits.
-            running.retain(|&i| {
-                let g = &gens[i];
-                g.produced < g.opts.max_new_tokens
-                    && !g.max_context.is_some_and(|c| g.history.len() >= c)
-            });
-            if running.is_empty() {
-                break;
-            }
-            let toks: Vec<Vec<u32>> = running
-                .iter()
-                .map(|&i| vec![*gens[i].history.last().unwrap()])
-                .collect();
-            let tok_refs: Vec<&[u32]> = toks.iter().map(|t| t.as_slice()).collect();
-            let mut states: Vec<&mut SequenceState> = gens
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| running.contains(i))
-                .map(|(_, g)| &mut g.state)
-                .collect();
-            let logits = self.forward(&tok_refs, &mut states)?;
-            let v = logits.dims()[2];
-            let host: Vec<f32> = logits
-                .into_data()
-                .convert::<f32>()
-                .into_vec()
-                .expect("f32 logits");
-            for (b, &i) in running.iter().enumerate() {
-                gens[i].next_logits = Some(host[b * v..(b + 1) * v].to_vec());
-            }
-        }
-        for g in gens.iter_mut() {
-            // Settle the stop reason of sequences that ended on budget or context.
-            let _ = g.step()?;
-        }
-        Ok(gens
-            .into_iter()
-            .zip(out)
-            .map(|(g, tokens)| Generation {
-                tokens,
-                stop: g.stop.expect("finished"),
-            })
-            .collect())
     }
 }

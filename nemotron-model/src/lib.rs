@@ -16,6 +16,7 @@ pub mod attention;
 pub mod block;
 pub mod cache;
 pub mod deviation;
+pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod graph;
@@ -31,6 +32,7 @@ mod util;
 
 pub use cache::SequenceState;
 pub use deviation::Deviations;
+pub use engine::{Engine, EngineOptions, Event, RequestId};
 pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::NemotronH;

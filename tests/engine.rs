@@ -1,0 +1,123 @@
+//! The decode engine: continuous batching over fixed slots against generating each request alone
+//! (the generator over the ragged forward). More requests than slots, of different lengths and
+//! budgets, greedy and sampled mixed, so sequences join a running batch mid-way and reuse slots
+//! freed by others; every request must produce exactly its single-sequence tokens and stop reason.
+//! Host (Flex) and wgpu run in CI (eagerly: no graphs there); CUDA, graphs on and off, is
+//! `#[ignore]`d without a GPU.
+
+mod common;
+use burn::tensor::{DType, Device};
+use common::*;
+use nemotron::loader::synth::{Geometry, SynthRecipe};
+use nemotron::model::{
+    Engine, EngineOptions, Event, GenerateOptions, NemotronH, Sampling, StopReason,
+};
+use std::collections::BTreeMap;
+
+fn requests(v: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
+    let sampled = |seed| Sampling {
+        temperature: 0.9,
+        top_k: 30,
+        top_p: 0.95,
+        seed,
+        ..Sampling::greedy()
+    };
+    let o = |n: usize, s: Sampling| GenerateOptions {
+        max_new_tokens: n,
+        sampling: s,
+        stop_ids: vec![2],
+        ..Default::default()
+    };
+    vec![
+        (ids(7, v, 1), o(9, Sampling::greedy())),
+        (ids(3, v, 2), o(4, sampled(5))),
+        (ids(12, v, 3), o(12, Sampling::greedy())),
+        (ids(5, v, 4), o(6, sampled(9))),
+        (ids(9, v, 5), o(0, Sampling::greedy())),
+        (ids(4, v, 6), o(7, Sampling::greedy())),
+    ]
+}
+
+fn check(dev: Device, dtype: DType, graphs: bool) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
+    let reqs = requests(m.config().vocab_size);
+    let mut opts = EngineOptions::new(2, 32);
+    opts.graphs = graphs;
+    let mut e = Engine::new(&m, opts).unwrap();
+    let ids: Vec<_> = reqs
+        .iter()
+        .map(|(p, o)| e.submit(p, o.clone()).unwrap())
+        .collect();
+    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
+    e.run(|ev: Event| {
+        let i = ids.iter().position(|&id| id == ev.id).unwrap();
+        let entry = got.entry(i).or_default();
+        assert!(
+            entry.1.is_none(),
+            "request {i} got an event after it stopped"
+        );
+        entry.0.extend(ev.token);
+        entry.1 = ev.stop;
+    })
+    .unwrap();
+    for (i, (p, o)) in reqs.iter().enumerate() {
+        let single = m.generate(p, o.clone(), |_| {}).unwrap();
+        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
+        eprintln!("{dtype:?} request {i}: {tokens:?} {stop:?}");
+        assert_eq!(tokens, single.tokens, "request {i}: tokens");
+        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
+    }
+    assert!(e.steps() > 0);
+    if graphs {
+        assert!(!e.captured().is_empty(), "no decode step was captured");
+    }
+}
+
+#[test]
+fn host_engine_equals_single_sequences() {
+    check(host(), DType::F32, false);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_engine_equals_single_sequences() {
+    check(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+        false,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_engine_with_graphs_equals_single_sequences() {
+    check(Device::cuda(0), DType::F32, true);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_engine_without_graphs_equals_single_sequences() {
+    check(Device::cuda(0), DType::F32, false);
+}
+
+#[test]
+fn a_request_larger_than_a_slot_is_refused_naming_both_numbers() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = load_host(dir.path());
+    let mut e = Engine::new(&m, EngineOptions::new(2, 16)).unwrap();
+    let o = GenerateOptions {
+        max_new_tokens: 10,
+        ..Default::default()
+    };
+    let err = e.submit(&ids(8, 256, 1), o).unwrap_err().to_string();
+    assert!(err.contains("17") && err.contains("16"), "{err}");
+    assert!(e.is_idle(), "a refused request must not be queued");
+    let fits = GenerateOptions {
+        max_new_tokens: 9,
+        ..Default::default()
+    };
+    e.submit(&ids(8, 256, 1), fits).unwrap();
+}
