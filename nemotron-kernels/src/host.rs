@@ -507,6 +507,11 @@ macro_rules! host_backend {
             ) -> burn::backend::tensor::IntTensor<Self> {
                 advance_lens(lens, slots)
             }
+            fn contiguous(
+                x: burn::backend::tensor::FloatTensor<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                x
+            }
             fn write_slot(
                 pool: burn::backend::tensor::FloatTensor<Self>,
                 src: burn::backend::tensor::FloatTensor<Self>,

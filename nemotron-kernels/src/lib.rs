@@ -316,6 +316,10 @@ pub trait NemotronOps: Backend {
     /// `lens[slots[b]] += 1` for every non-pad row, in place. Returns `lens`.
     fn advance_lens(lens: IntTensor<Self>, slots: IntTensor<Self>) -> IntTensor<Self>;
 
+    /// `x` in a dense row-major buffer (CUDA's default allocation may pitch rows; the slot pools
+    /// are written in place by kernels that index dense buffers). A no-op where already dense.
+    fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
     /// `pool[slot, :, 0..L, :] = src` for `pool` `[S, A, M, C]` and `src` `[A, L, C]` (`L ≤ M`),
     /// in place: how a prefilled sequence's state enters its slot. Returns `pool`.
     fn write_slot(

@@ -452,6 +452,11 @@ pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, I
     ))
 }
 
+/// `x` in a dense row-major buffer (slot pools must be, to be written in place).
+pub fn contiguous<const N: usize>(x: Tensor<N>) -> Tensor<N> {
+    out(<D as NemotronOps>::contiguous(x.into_dispatch()))
+}
+
 /// `pool[slot, :, 0..L, :] = src` (`pool` `[S, A, M, C]`, `src` `[A, L, C]`).
 pub fn write_slot(pool: Tensor<4>, src: Tensor<3>, slot: usize) -> Tensor<4> {
     let ([s, a, m, c], [sa, l, sc]) = (pool.dims(), src.dims());

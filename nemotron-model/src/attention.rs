@@ -65,8 +65,8 @@ impl Attention {
     ) -> SlotLayer {
         let shape = [slots, self.kv_heads, capacity, self.head_dim];
         SlotLayer::Attention {
-            k: Tensor::zeros(shape, (dev, dtype)),
-            v: Tensor::zeros(shape, (dev, dtype)),
+            k: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
+            v: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
         }
     }
 

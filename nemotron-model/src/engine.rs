@@ -90,7 +90,8 @@ type StepFn<'m> = Box<dyn FnMut() -> (Tensor<2>, Tensor<1, Int>) + 'm>;
 /// A captured decode step for one padded batch size, with its input buffers.
 struct StepGraph<'m> {
     size: usize,
-    ids: Tensor<2, Int>,
+    /// `[size]`: 1-D, so always dense (written in place; the step reads it as `[size, 1]`).
+    ids: Tensor<1, Int>,
     slots: Tensor<1, Int>,
     graph: Graph<(Tensor<2>, Tensor<1, Int>), StepFn<'m>>,
 }
@@ -365,8 +366,8 @@ impl<'m> Engine<'m> {
             return Ok(&mut self.graphs[i]);
         }
         let dev = self.model.device().clone();
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(vec![0i32; size], [size, 1]),
+        let ids = Tensor::<1, Int>::from_data(
+            TensorData::new(vec![0i32; size], [size]),
             (&dev, DType::I32),
         );
         // Every row a pad row while warming up and recording: no state changes.
@@ -378,7 +379,7 @@ impl<'m> Engine<'m> {
         let (gi, gs) = (ids.clone(), slots.clone());
         let step: StepFn<'m> = Box::new(move || {
             let mut st = state.clone();
-            let l = model.decode_slots(&mut st, &gi, &gs);
+            let l = model.decode_slots(&mut st, &gi.clone().reshape([size, 1]), &gs);
             let a = l.clone().argmax(1).reshape([size]);
             (l, a)
         });

@@ -86,14 +86,14 @@ impl Mamba2 {
         let c = &self.cfg;
         let dev = self.a.device();
         SlotLayer::Mamba {
-            conv: Tensor::zeros(
+            conv: ops::contiguous(Tensor::zeros(
                 [slots, c.conv_dim(), c.conv_kernel - 1],
                 (&dev, self.a.dtype()),
-            ),
-            ssm: Tensor::zeros(
+            )),
+            ssm: ops::contiguous(Tensor::zeros(
                 [slots, c.num_heads, c.head_dim, c.state_size],
                 (&dev, DType::F32),
-            ),
+            )),
         }
     }
 

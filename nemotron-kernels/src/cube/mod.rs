@@ -120,6 +120,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         slots::advance_launch(lens, slots)
     }
 
+    fn contiguous(x: T<R>) -> T<R> {
+        burn_cubecl::kernel::into_contiguous(x)
+    }
+
     fn write_slot(pool: T<R>, src: T<R>, slot: usize) -> T<R> {
         slots::write_launch(pool, src, slot)
     }

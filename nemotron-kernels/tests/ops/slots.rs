@@ -26,7 +26,7 @@ pub fn conv_step_matches(arm: &Arm) {
     let bias = rng.vec(c, 0.5);
     let pool = rng.vec(s * c * (k - 1), 1.0);
     let run = |a: &Arm| {
-        let p = a.t(&pool, [s, c, k - 1]);
+        let p = ops::contiguous(a.t(&pool, [s, c, k - 1]));
         let before = p.clone();
         let (y, p) = ops::conv_step(
             a.t(&x, [rows.len(), c]),
@@ -70,7 +70,7 @@ pub fn ssm_step_matches(arm: &Arm) {
     let d = rng.vec(h, 1.0);
     let pool = rng.vec(s * h * p * n, 0.5);
     let run = |ar: &Arm| {
-        let pl = ar.f32(&pool, [s, h, p, n]);
+        let pl = ops::contiguous(ar.f32(&pool, [s, h, p, n]));
         let before = pl.clone();
         let (y, pl) = ops::ssm_step(
             ar.t(&x, [b, h, p]),
@@ -107,7 +107,10 @@ pub fn attention_step_matches(arm: &Arm) {
     let vp = rng.vec(s * kvh * cap * hd, 1.0);
     let scale = 1.0 / (hd as f32).sqrt();
     let run = |a: &Arm| {
-        let (kpool, vpool) = (a.t(&kp, [s, kvh, cap, hd]), a.t(&vp, [s, kvh, cap, hd]));
+        let (kpool, vpool) = (
+            ops::contiguous(a.t(&kp, [s, kvh, cap, hd])),
+            ops::contiguous(a.t(&vp, [s, kvh, cap, hd])),
+        );
         let before = kpool.clone();
         let lens_t = slots(a, &lens);
         let (o, kpool, vpool) = ops::attention_step(
@@ -156,7 +159,7 @@ pub fn advance_and_write_slot_match(arm: &Arm) {
     let pool = rng.vec(s * a * m * c, 1.0);
     let src = rng.vec(a * l * c, 1.0);
     let run = |ar: &Arm| {
-        let p = ar.t(&pool, [s, a, m, c]);
+        let p = ops::contiguous(ar.t(&pool, [s, a, m, c]));
         let before = p.clone();
         let p = ops::write_slot(p, ar.t(&src, [a, l, c]), 1);
         (host(p), host(before))
