@@ -216,7 +216,14 @@ impl<'m> Engine<'m> {
     /// Steps until idle, calling `on_event` for every event.
     pub fn run(&mut self, mut on_event: impl FnMut(Event)) -> Result<(), ModelError> {
         while !self.is_idle() {
-            for e in self.step()? {
+            let events = self.step()?;
+            if events.is_empty() && self.running.is_empty() {
+                return Err(ModelError::Input(format!(
+                    "{} requests wait but no slot frees up (engine bookkeeping broken)",
+                    self.waiting.len()
+                )));
+            }
+            for e in events {
                 on_event(e);
             }
         }
