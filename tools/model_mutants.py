@@ -40,7 +40,7 @@ muts = [
  ("length advance skipped", "nemotron-kernels/src/cube/slots.rs",
   "        lens[s as usize] += 1;", "        lens[s as usize] += 0;", "ops"),
  ("a reused slot keeps the old conv state", "nemotron-model/src/slots.rs",
-  "                    *conv = ops::write_slot(", "                    let _ = ops::write_slot(", "slots"),
+  "c.clone().reshape([ch, km1, 1]),", "conv.clone().slice_dim(0, slot..slot + 1).reshape([ch, km1, 1]),", "slots"),
  ("engine never frees a slot after decode", "nemotron-model/src/engine.rs",
   "            if stop.is_some() {\n                self.free.push(r.slot);\n            } else {\n                still.push(r);",
   "            if stop.is_some() {\n            } else {\n                still.push(r);", "engine"),
