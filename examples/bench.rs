@@ -74,9 +74,9 @@ struct Args {
     /// Decode on the engine (fixed slots, continuous batching) instead of the ragged forward.
     #[arg(long)]
     engine: bool,
-    /// With --engine: replay captured decode steps (on) or run them eagerly (off).
-    #[arg(long, default_value = "on")]
-    graphs: String,
+    /// With --engine: replay captured decode steps (on, the default) or run them eagerly (off).
+    #[arg(long)]
+    graphs: Option<String>,
     /// Skip the model; the device-timed kernel table at the Lightning shapes.
     #[arg(long)]
     kernels: bool,
@@ -196,6 +196,9 @@ fn load(
 }
 
 fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
+    if a.graphs.is_some() && !a.engine {
+        return Err("--graphs applies to the engine: add --engine".into());
+    }
     let t0 = Instant::now();
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
     sync(dev);
@@ -318,7 +321,7 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
 /// decode tok/s).
 fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f64)> {
     use nemotron::model::{Engine, EngineOptions, GenerateOptions};
-    let graphs = match a.graphs.as_str() {
+    let graphs = match a.graphs.as_deref().unwrap_or("on") {
         "on" => true,
         "off" => false,
         g => return Err(format!("--graphs {g:?}: expected on or off").into()),
@@ -364,7 +367,7 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
     let (p, d) = (median(pre), median(dec));
     println!(
         "nemotron-rs engine (graphs {}{}): prefill {p:.1} tok/s (batch {batch} × {plen}, incl. one decode step), decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
-        a.graphs,
+        if graphs { "on" } else { "off" },
         if e.captured().is_empty() { ", none captured".to_string() } else { format!(", captured {:?}", e.captured()) },
         1e3 * batch as f64 / d,
         a.repeats.max(1),
