@@ -1,15 +1,40 @@
 //! MoE routing (DeepSeek-V3-style sigmoid routing, f32): `s = sigmoid(logit)`; groups ranked by
-//! the sum of their two best `s + bias`, the `topk_group` best kept (a bit mask); then `k` passes
-//! each taking the best not-yet-chosen `s + bias` (dropped groups score `masked`; ties go to the
-//! lower index); weights `s` (or the biased score, a test deviation) renormalized and scaled.
-//! Grid: one unit per token, `E · k` work each (deterministic). `idx`/`w`: `[N, k]`.
+//! the sum of their two best `s + bias`, the `topk_group` best kept; then `k` passes each taking
+//! the best not-yet-chosen `s + bias` (dropped groups score `masked`; ties go to the lower index);
+//! weights `s` (or the biased score, a test deviation) renormalized and scaled.
+//!
+//! Grid: one cube per token, [`units`] units. Each unit scores its strided share of the experts
+//! into shared memory once; each of the `k` passes is a local arg-max per unit and a tree arg-max
+//! through shared memory (lower index on ties, so the order equals a serial scan: deterministic).
+//! The serial one-unit-per-token kernel this replaces took 259 µs per call at 128 experts, top 6
+//! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k]`.
 
-use super::buffers::{arg, elemwise, empty, f32_buf};
+use super::buffers::{arg, empty, f32_buf, yz};
 use crate::RouteConfig;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
+
+/// Tree arg-max over the `units` candidates `(val[u], ix[u])` (`none` = no candidate): the larger
+/// value wins, the lower index on ties. Leaves the winner in slot 0; every unit must call it.
+#[cube]
+fn argmax_tree(val: &mut Shared<[f32]>, ix: &mut Shared<[u32]>, none: u32) {
+    let u = UNIT_POS as usize;
+    let mut stride = CUBE_DIM as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let (ov, oi) = (val[u + stride], ix[u + stride]);
+            let (mv, mi) = (val[u], ix[u]);
+            if oi != none && (mi == none || ov > mv || (ov == mv && oi < mi)) {
+                val[u] = ov;
+                ix[u] = oi;
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+}
 
 #[cube(launch)]
 pub fn moe_route_kernel(
@@ -18,92 +43,137 @@ pub fn moe_route_kernel(
     idx: &mut [i32],
     w: &mut [f32],
     tokens: u32,
-    experts: u32,
+    n_experts: u32,
     top_k: u32,
     n_group: u32,
     topk_group: u32,
     scaling: f32,
     masked: f32,
+    #[comptime] experts: usize,
+    #[comptime] units: usize,
     #[comptime] renorm: bool,
     #[comptime] biased_weights: bool,
 ) {
-    let t = ABSOLUTE_POS;
+    let t = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    // Whole cubes leave together (every unit of a cube shares `t`), so the barriers stay uniform.
     if t >= tokens as usize {
         terminate!();
     }
-    let (e_n, k, ng) = (experts as usize, top_k as usize, n_group as usize);
-    let per = e_n / ng;
-    let row = t * e_n;
-    // Kept groups as a bit mask (n_group ≤ 32).
-    let mut keep = 0u32;
+    let u = UNIT_POS as usize;
+    let (k, ng) = (top_k as usize, n_group as usize);
+    let per = experts / ng;
+    // `experts` as a runtime value: the "no candidate" index.
+    let none = n_experts;
+    let row = t * experts;
+
+    let mut score = Shared::<[f32]>::new_slice(experts);
+    let mut choice = Shared::<[f32]>::new_slice(experts);
+    let mut taken = Shared::<[u32]>::new_slice(experts);
+    let mut val = Shared::<[f32]>::new_slice(units);
+    let mut ix = Shared::<[u32]>::new_slice(units);
+    let mut wk = Shared::<[f32]>::new_slice(experts);
+
+    let mut e = u;
+    while e < experts {
+        let s = 1.0f32 / (1.0f32 + (-logits[row + e]).exp());
+        score[e] = s;
+        choice[e] = s + bias[e];
+        taken[e] = 0u32;
+        e += units;
+    }
+    sync_cube();
+
     if ng > 1 {
-        for _ in 0..topk_group as usize {
-            let mut best_g = ng;
-            let mut best_v = 0.0f32;
-            for g in 0..ng {
-                if (keep >> g as u32) & 1u32 == 0u32 {
-                    let mut b1 = masked;
-                    let mut b2 = masked;
-                    for j in 0..per {
-                        let e = g * per + j;
-                        let v = 1.0f32 / (1.0f32 + (-logits[row + e]).exp()) + bias[e];
-                        if v > b1 {
-                            b2 = b1;
-                            b1 = v;
-                        } else if v > b2 {
-                            b2 = v;
-                        }
-                    }
-                    let gs = if per > 1 { b1 + b2 } else { b1 };
-                    if best_g == ng || gs > best_v {
+        // A group scores the sum of its two best biased scores (its only one, if it has one);
+        // unit g < n_group (≤ 32 ≤ units) scores group g, unit 0 keeps the `topk_group` best.
+        if u < ng {
+            let mut b1 = masked;
+            let mut b2 = masked;
+            let mut first = true;
+            for j in 0..per {
+                let v = choice[u * per + j];
+                if first || v > b1 {
+                    b2 = b1;
+                    b1 = v;
+                } else if v > b2 {
+                    b2 = v;
+                }
+                first = false;
+            }
+            val[u] = if per > 1 { b1 + b2 } else { b1 };
+        }
+        sync_cube();
+        if u == 0 {
+            let mut keep = 0u32;
+            for _ in 0..topk_group as usize {
+                let mut best_g = ng;
+                let mut best_v = 0.0f32;
+                for g in 0..ng {
+                    if (keep >> g as u32) & 1u32 == 0u32 && (best_g == ng || val[g] > best_v) {
                         best_g = g;
-                        best_v = gs;
+                        best_v = val[g];
                     }
                 }
+                keep |= 1u32 << best_g as u32;
             }
-            keep |= 1u32 << best_g as u32;
+            ix[0] = keep;
         }
-    } else {
-        keep = 1u32;
+        sync_cube();
+        let keep = ix[0];
+        sync_cube();
+        let mut e = u;
+        while e < experts {
+            if (keep >> (e / per) as u32) & 1u32 == 0u32 {
+                choice[e] = masked;
+            }
+            e += units;
+        }
+        sync_cube();
     }
-    let mut sum = 0.0f32;
+
     for j in 0..k {
-        let mut best_e = e_n;
-        let mut best_v = 0.0f32;
-        for e in 0..e_n {
-            let mut taken = false;
-            for i in 0..j {
-                if idx[t * k + i] == e as i32 {
-                    taken = true;
-                }
+        let mut bi = none;
+        let mut bv = 0.0f32;
+        let mut e = u;
+        while e < experts {
+            let v = choice[e];
+            if taken[e] == 0u32 && (bi == none || v > bv) {
+                bi = e as u32;
+                bv = v;
             }
-            if !taken {
-                let g = e / per;
-                let allowed = (keep >> g as u32) & 1u32 == 1u32;
-                let v = if allowed {
-                    1.0f32 / (1.0f32 + (-logits[row + e]).exp()) + bias[e]
-                } else {
-                    masked
-                };
-                if best_e == e_n || v > best_v {
-                    best_e = e;
-                    best_v = v;
-                }
+            e += units;
+        }
+        val[u] = bv;
+        ix[u] = bi;
+        sync_cube();
+        argmax_tree(&mut val, &mut ix, none);
+        if u == 0 {
+            let b = ix[0] as usize;
+            idx[t * k + j] = b as i32;
+            taken[b] = 1u32;
+            wk[j] = if biased_weights { val[0] } else { score[b] };
+        }
+        sync_cube();
+    }
+
+    if u == 0 {
+        let mut sum = 0.0f32;
+        for j in 0..k {
+            sum += wk[j];
+        }
+        for j in 0..k {
+            let mut v = wk[j];
+            if renorm {
+                v /= sum + 1e-20f32;
             }
+            w[t * k + j] = v * scaling;
         }
-        idx[t * k + j] = best_e as i32;
-        let s = 1.0f32 / (1.0f32 + (-logits[row + best_e]).exp());
-        let wv = if biased_weights { best_v } else { s };
-        w[t * k + j] = wv;
-        sum += wv;
     }
-    for j in 0..k {
-        let mut v = w[t * k + j];
-        if renorm {
-            v /= sum + 1e-20f32;
-        }
-        w[t * k + j] = v * scaling;
-    }
+}
+
+/// Units per routing cube: a power of two ≥ 32 (so a group index fits), at most 256.
+pub fn units(experts: usize) -> usize {
+    experts.next_power_of_two().clamp(32, 256)
 }
 
 pub fn launch<R: CubeRuntime>(
@@ -116,11 +186,15 @@ pub fn launch<R: CubeRuntime>(
     let (n, e) = (shape[0], shape[1]);
     let idx = empty(&lg, [n, c.top_k], DType::I32);
     let w = empty(&lg, [n, c.top_k], DType::F32);
-    let (count, dim) = elemwise(n);
+    if n == 0 {
+        return (idx, w);
+    }
+    let u = units(e);
+    let (x, y) = yz(n);
     moe_route_kernel::launch::<R>(
         &lg.client,
-        count,
-        dim,
+        CubeCount::Static(x, y, 1),
+        CubeDim::new_1d(u as u32),
         arg(&lg),
         arg(&b),
         arg(&idx),
@@ -132,6 +206,8 @@ pub fn launch<R: CubeRuntime>(
         c.topk_group as u32,
         c.routed_scaling_factor,
         crate::MASKED_SCORE,
+        e,
+        u,
         c.norm_topk_prob,
         c.weights_from_biased,
     );

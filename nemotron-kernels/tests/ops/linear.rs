@@ -34,7 +34,16 @@ const EPILOGUES: [(Epilogue, f32); 2] = [(Epilogue::None, 1.0), (Epilogue::Relu2
 
 pub fn nvfp4_linear_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(1, arm));
-    for (m, n, k) in [(1, 96, 64), (1, 40, 2688), (7, 33, 128), (33, 20, 48)] {
+    // `k % 32 == 0` runs the vector GEMV (4211 and 8453 rows: 2 and 4 rows per unit row, with a
+    // ragged tail), `k = 48` the scalar one.
+    for (m, n, k) in [
+        (1, 96, 64),
+        (1, 40, 2688),
+        (7, 33, 128),
+        (33, 20, 48),
+        (1, 4211, 32),
+        (1, 8453, 64),
+    ] {
         let w = [nvfp4_case(&mut rng, n, k)];
         let x = rng.vec(m * k, 1.0);
         for (epi, mult) in EPILOGUES {
@@ -56,7 +65,8 @@ pub fn nvfp4_linear_matches(arm: &Arm) {
 
 pub fn fp8_linear_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(2, arm));
-    for (m, n, k) in [(1, 50, 64), (9, 24, 256)] {
+    // `k % 16 == 0` runs the vector GEMV (8500 rows: 4 per unit row), `k = 20` the scalar one.
+    for (m, n, k) in [(1, 50, 64), (9, 24, 256), (3, 10, 20), (1, 8500, 32)] {
         // Calibrated below the activation amax so some inputs saturate at ±448.
         let w = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
         let x = rng.vec(m * k, 3.0);
@@ -160,68 +170,74 @@ pub fn expert_linears_match(arm: &Arm) {
 }
 
 /// Every E4M3 byte through the device's FP8 linear, against the format definition (NaN codes read
-/// as 0): row `r` of the weight holds code `r` and zeros, the input is `[1, 0, 0, 0]` with unit
-/// scales, so `y[r]` is the decoded code, exactly.
+/// as 0): row `r` of the weight holds code `r % 256` at column `r / 256` and zeros, the input is
+/// ones with unit scales, so `y[r]` is the decoded code, exactly.
 pub fn e4m3_codes_decode_as_defined(arm: &Arm) {
-    let k = 4;
-    let mut weight = vec![0u8; 256 * k];
-    for r in 0..256 {
-        weight[r * k] = r as u8;
-    }
-    let w = [Fp8Matrix {
-        out_features: 256,
-        in_features: k,
-        weight,
-        weight_scale: 1.0,
-        input_scale: 1.0,
-    }];
-    let got = host(ops::fp8_linear(
-        arm.t(&[1.0, 0.0, 0.0, 0.0], [1, k]),
-        &Fp8Weights::upload(&w, &arm.dev),
-        Epilogue::None,
-    ));
-    for (code, &g) in got.iter().enumerate() {
-        let b = code as u8;
-        let want = if fmt::e4m3_is_nan(b) {
-            0.0
-        } else {
-            fmt::e4m3_to_f32(b)
-        };
-        // bf16 activations round the output once (E4M3 values have 4 significant bits: exact).
-        assert_eq!(g, want, "E4M3 code {code:#04x}");
+    // k = 4: the scalar kernel; k = 16: the vector one, the code at each of the 16 positions.
+    for k in [4usize, 16] {
+        let n = 256 * k;
+        let mut weight = vec![0u8; n * k];
+        for r in 0..n {
+            weight[r * k + r / 256] = (r % 256) as u8;
+        }
+        let w = [Fp8Matrix {
+            out_features: n,
+            in_features: k,
+            weight,
+            weight_scale: 1.0,
+            input_scale: 1.0,
+        }];
+        let got = host(ops::fp8_linear(
+            arm.t(&vec![1.0; k], [1, k]),
+            &Fp8Weights::upload(&w, &arm.dev),
+            Epilogue::None,
+        ));
+        for (r, &g) in got.iter().enumerate() {
+            let b = (r % 256) as u8;
+            let want = if fmt::e4m3_is_nan(b) {
+                0.0
+            } else {
+                fmt::e4m3_to_f32(b)
+            };
+            // bf16 activations round the output once (E4M3 values have 4 significant bits: exact).
+            assert_eq!(g, want, "E4M3 code {b:#04x} at column {} of {k}", r / 256);
+        }
     }
 }
 
-/// Every E2M1 code (both nibble positions) through the device's NVFP4 linear against the format
-/// definition: row `r` holds code `r % 16` at column `r / 16` of a 16-wide block with unit block and
-/// global scales, the input is ones, so `y[r]` is the decoded code.
+/// Every E2M1 code in every nibble position through the device's NVFP4 linear against the format
+/// definition: row `r` holds code `r % 16` at column `r / 16` and zeros, with unit block and
+/// global scales; the input is ones, so `y[r]` is the decoded code.
 pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
-    let (n, k) = (32, 16);
     let one = 0x38u8; // E4M3 1.0
-    let mut packed = vec![0u8; n * k / 2];
-    for r in 0..n {
-        let (code, col) = ((r % 16) as u8, r / 16);
-        packed[r * k / 2] = if col == 0 { code } else { code << 4 };
-    }
-    let w = [Nvfp4Matrix {
-        out_features: n,
-        in_features: k,
-        packed,
-        block_scales: vec![one; n],
-        global_scale: 1.0,
-    }];
-    let got = host(ops::nvfp4_linear(
-        arm.t(&[1.0; 16], [1, k]),
-        &Nvfp4Weights::upload(&w, &arm.dev),
-        Epilogue::None,
-    ));
-    for (r, &g) in got.iter().enumerate() {
-        assert_eq!(
-            g,
-            fmt::e2m1_to_f32((r % 16) as u8),
-            "E2M1 code {} in nibble {}",
-            r % 16,
-            r / 16
-        );
+                      // k = 16: the scalar kernel; k = 32: the vector one (every nibble of all four words).
+    for k in [16usize, 32] {
+        let n = 16 * k;
+        let mut packed = vec![0u8; n * k / 2];
+        for r in 0..n {
+            let (code, col) = ((r % 16) as u8, r / 16);
+            packed[r * k / 2 + col / 2] = if col % 2 == 0 { code } else { code << 4 };
+        }
+        let w = [Nvfp4Matrix {
+            out_features: n,
+            in_features: k,
+            packed,
+            block_scales: vec![one; n * k / 16],
+            global_scale: 1.0,
+        }];
+        let got = host(ops::nvfp4_linear(
+            arm.t(&vec![1.0; k], [1, k]),
+            &Nvfp4Weights::upload(&w, &arm.dev),
+            Epilogue::None,
+        ));
+        for (r, &g) in got.iter().enumerate() {
+            assert_eq!(
+                g,
+                fmt::e2m1_to_f32((r % 16) as u8),
+                "E2M1 code {} at column {} of {k}",
+                r % 16,
+                r / 16
+            );
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! MoE routing: the same experts in the same order and the same weights as the reference (plain
-//! and grouped, renormalized or not, the biased-weights deviation). Routing runs in f32 on every
-//! arm.
+//! and grouped, renormalized or not, the biased-weights deviation, ties). Routing runs in f32 on
+//! every arm.
 
 use super::{close, host, Arm, Rng};
 use nemotron_kernels::{ops, RouteConfig};
@@ -8,14 +8,24 @@ use nemotron_kernels::{ops, RouteConfig};
 pub fn moe_route_matches(arm: &Arm) {
     let href = Arm::host();
     let mut rng = Rng::new(8, &href);
-    for (n, e, top_k, n_group, topk_group, renorm, biased) in [
-        (1, 128, 6, 1, 1, true, false),
-        (7, 16, 4, 4, 2, true, false),
-        (5, 32, 8, 8, 3, false, false),
-        (3, 16, 2, 2, 1, true, true),
+    for (n, e, top_k, n_group, topk_group, renorm, biased, ties) in [
+        (1, 128, 6, 1, 1, true, false, false),
+        (7, 16, 4, 4, 2, true, false, false),
+        (5, 32, 8, 8, 3, false, false, false),
+        (3, 16, 2, 2, 1, true, true, false),
+        // Two experts per unit (256 units), and groups with more experts than units hold.
+        (2, 512, 22, 1, 1, true, false, false),
+        (3, 512, 8, 16, 4, true, false, false),
+        // Logits on a coarse grid and no bias: many equal scores, the lower index must win.
+        (4, 128, 8, 1, 1, true, false, true),
+        (4, 64, 6, 8, 3, true, false, true),
     ] {
-        let logits = rng.vec(n * e, 4.0);
-        let bias = rng.vec(e, 0.5);
+        let mut logits = rng.vec(n * e, 4.0);
+        let mut bias = rng.vec(e, 0.5);
+        if ties {
+            logits.iter_mut().for_each(|v| *v = (*v * 0.5).round());
+            bias.iter_mut().for_each(|v| *v = 0.0);
+        }
         let c = RouteConfig {
             top_k,
             n_group,

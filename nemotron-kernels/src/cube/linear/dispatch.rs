@@ -1,26 +1,58 @@
 //! Launch geometry of the linear kernels, and (with the prefill issue) the size thresholds that
 //! pick between GEMV and tiled GEMM.
 //!
-//! GEMV (every size today): a cube holds [`GEMV_ROWS`] output rows of one output slot, a row per
-//! unit row; the [`GEMV_LANES`] lanes of a unit row stride over the row's 16-element blocks (or
-//! 4-byte words for FP8), so weight reads are coalesced, and sum through shared memory.
+//! GEMV: a cube holds [`GEMV_ROWS`] unit rows of [`GEMV_LANES`] lanes for one output slot.
+//! - The **vector** GEMVs (`in` a multiple of 32 for NVFP4, of 16 for FP8: every real shape) give
+//!   each unit row `rows` consecutive output rows (1, 2 or 4, see [`rows_per_unit_row`]); lane `l`
+//!   takes the 16-byte weight chunks `l, l + 32, …` of each of them, so one activation chunk held
+//!   in registers serves `rows` weight loads, and a warp reads 512 contiguous bytes per load.
+//!   The lanes reduce by warp shuffle where the device's plane is the 32 lanes ([`plane_reduce`]),
+//!   through shared memory elsewhere (lavapipe has no subgroups).
+//! - The **scalar** GEMVs (any size) give a unit row one output row; lanes stride over its
+//!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
 use super::super::buffers::yz;
+use burn_cubecl::CubeRuntime;
+use cubecl::ir::features::Plane;
 use cubecl::prelude::*;
 
 /// Lanes per output row (a power of two).
 pub const GEMV_LANES: u32 = 32;
-/// Output rows per cube.
+/// Unit rows per cube.
 pub const GEMV_ROWS: u32 = 8;
 /// Units per cube.
 pub const GEMV_UNITS: usize = (GEMV_LANES * GEMV_ROWS) as usize;
+
+/// Cubes the vector GEMV aims to have at least (two per SM of an H200 keeps every SM streaming);
+/// fewer rows per unit row are taken until the grid reaches it.
+const TARGET_CUBES: usize = 264;
 
 pub fn gemv_dim() -> CubeDim {
     CubeDim::new_2d(GEMV_LANES, GEMV_ROWS)
 }
 
-/// Cubes for `n` output rows of `slots` output slots (slots along y, spilling onto z).
-pub fn gemv_count(n: usize, slots: usize) -> CubeCount {
+/// Cubes for `n` output rows of `slots` output slots, `rows` per unit row (slots along y,
+/// spilling onto z).
+pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
     let (y, z) = yz(slots);
-    CubeCount::Static(n.div_ceil(GEMV_ROWS as usize) as u32, y, z)
+    let per_cube = GEMV_ROWS as usize * rows;
+    CubeCount::Static(n.div_ceil(per_cube) as u32, y, z)
+}
+
+/// Output rows per unit row of the vector GEMV: 4 (each activation chunk reused four times) unless
+/// that leaves fewer than [`TARGET_CUBES`] cubes, then 2, then 1.
+pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
+    [4, 2]
+        .into_iter()
+        .find(|&r| n.div_ceil(GEMV_ROWS as usize * r) * slots >= TARGET_CUBES)
+        .unwrap_or(1)
+}
+
+/// Whether a unit row's 32 lanes are exactly one plane (warp) on this device, so they can reduce
+/// by shuffles: CUDA (plane 32), not lavapipe (no plane ops).
+pub fn plane_reduce<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    let p = client.properties();
+    client.features().plane.contains(Plane::Ops)
+        && p.hardware.plane_size_min == GEMV_LANES
+        && p.hardware.plane_size_max == GEMV_LANES
 }

@@ -1,10 +1,11 @@
 //! Static per-tensor FP8 W8A8 linear (vLLM's ModelOpt FP8 path):
 //! `y[s, n] = epi((is[e] · ws[e]) · Σ_k e4m3(clamp(x[r(s), k] / is[e], ±448)) · W8_e[n, k])`, with
-//! `(e, r(s))` as in [`super::nvfp4`]. Grid: [`super::dispatch`] (GEMV, lanes over 4-byte words).
-//! Weights are E4M3 bytes as u32 words (`[E · N, K/4]`).
+//! `(e, r(s))` as in [`super::nvfp4`]. Grid: [`super::dispatch`] (vector GEMV when `K % 16 == 0`
+//! and the quantized activation row fits in shared memory, scalar otherwise). Weights are E4M3
+//! bytes as u32 words (`[E · N, K/4]`, read 4 words = 16 bytes at a time by the vector kernel).
 
-use super::dispatch::{gemv_count, gemv_dim, GEMV_UNITS};
-use super::{e4m3, e4m3_round, epilogue, Call};
+use super::dispatch::{gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_UNITS};
+use super::{e4m3, e4m3_round, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, f32_buf, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Fp8Weights, Rows};
@@ -79,7 +80,97 @@ pub fn fp8_linear_kernel<F: Float>(
     }
 }
 
-/// Launches [`fp8_linear_kernel()`] for `x [R, in]`.
+/// Activations the vector kernel quantizes into shared memory per cube (f32 each: 48 KiB).
+const MAX_SHARED_K: usize = 12_288;
+
+/// The vector GEMV (see [`super::dispatch`]): the cube quantizes its activation row once into
+/// shared memory; a lane dots 16-activation chunks with the matching 16-byte weight chunk of each
+/// of its `rows` rows.
+#[cube(launch_unchecked)]
+pub fn fp8_gemv_kernel<F: Float, NW: Size>(
+    x: &[F],
+    experts: &[i32],
+    weight: &[Vector<u32, NW>],
+    input_scales: &[f32],
+    weight_scales: &[f32],
+    y: &mut [F],
+    n_out: u32,
+    slots: u32,
+    div: u32,
+    #[comptime] k: usize,
+    #[comptime] rows: usize,
+    #[comptime] units: usize,
+    #[comptime] plane: bool,
+    #[comptime] routed: bool,
+    #[comptime] relu2: bool,
+) {
+    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    // Whole cubes leave together, so the barrier below stays uniform.
+    if slot >= slots as usize {
+        terminate!();
+    }
+    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let n_out = n_out as usize;
+    let mut e = 0usize;
+    let mut xrow = slot;
+    if routed {
+        e = experts[slot] as usize;
+        xrow = slot / div as usize;
+    }
+    let input_scale = input_scales[e];
+    let mut xq = Shared::<[f32]>::new_slice(k);
+    let mut i = UNIT_POS as usize;
+    while i < k {
+        let v = (f32::cast_from(x[xrow * k + i]) / input_scale).clamp(-448.0f32, 448.0f32);
+        xq[i] = e4m3_round(v);
+        i += CUBE_DIM as usize;
+    }
+    sync_cube();
+    let chunks = k / 16;
+    let mut acc = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        acc[r] = 0.0f32;
+    }
+    let mut xs = Array::<f32>::new(16usize);
+    let mut c = UNIT_POS_X as usize;
+    while c < chunks {
+        #[unroll]
+        for j in 0..16usize {
+            xs[j] = xq[c * 16 + j];
+        }
+        #[unroll]
+        for r in 0..rows {
+            let n = n0 + r;
+            if n < n_out {
+                let wv = weight[(e * n_out + n) * chunks + c];
+                let mut p = 0.0f32;
+                #[unroll]
+                for w in 0..4usize {
+                    let word = wv.extract(w);
+                    #[unroll]
+                    for j in 0..4usize {
+                        p += e4m3((word >> (j as u32 * 8u32)) & 255u32) * xs[w * 4 + j];
+                    }
+                }
+                acc[r] += p;
+            }
+        }
+        c += CUBE_DIM_X as usize;
+    }
+    let scale = input_scale * weight_scales[e];
+    #[unroll]
+    for r in 0..rows {
+        let total = lane_sum(acc[r], units, plane);
+        let n = n0 + r;
+        if UNIT_POS_X == 0 && n < n_out {
+            y[slot * n_out + n] = F::cast_from(epilogue(total * scale, relu2));
+        }
+    }
+}
+
+/// Launches [`fp8_gemv_kernel()`] (or [`fp8_linear_kernel()`] where it does not apply) for
+/// `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Fp8Weights<CubeBackend<R>>,
@@ -89,11 +180,46 @@ pub fn launch<R: CubeRuntime>(
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
+    if c.k % 16 == 0 && c.k <= MAX_SHARED_K {
+        let r = rows_per_unit_row(c.n, c.slots);
+        let plane = plane_reduce(&c.x.client);
+        macro_rules! vector {
+            ($t:ty) => {
+                // Safety: `k % 16 == 0` makes every weight row whole 16-byte chunks; rows ≥
+                // `n_out` and slots ≥ `slots` are skipped; expert ids come from the routing op.
+                unsafe {
+                    fp8_gemv_kernel::launch_unchecked::<$t, R>(
+                        &c.x.client,
+                        gemv_count(c.n, c.slots, r),
+                        gemv_dim(),
+                        4,
+                        arg(&c.x),
+                        c.experts_arg(),
+                        arg(&w.weight),
+                        arg(&is),
+                        arg(&ws),
+                        arg(&c.y),
+                        c.n as u32,
+                        c.slots as u32,
+                        c.div as u32,
+                        c.k,
+                        r,
+                        GEMV_UNITS,
+                        plane,
+                        c.routed,
+                        c.relu2,
+                    )
+                }
+            };
+        }
+        with_float!(c.dtype, vector);
+        return c.y;
+    }
     macro_rules! go {
         ($t:ty) => {
             fp8_linear_kernel::launch::<$t, R>(
                 &c.x.client,
-                gemv_count(c.n, c.slots),
+                gemv_count(c.n, c.slots, 1),
                 gemv_dim(),
                 arg(&c.x),
                 c.experts_arg(),

@@ -7,6 +7,7 @@ pub mod fp8;
 pub mod nvfp4;
 
 use super::buffers::{arg, empty, float_buf, i32_buf};
+use super::reduce::row_sum;
 use crate::{Epilogue, Rows};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -70,6 +71,17 @@ pub(crate) fn e4m3_round(v: f32) -> f32 {
         -r
     } else {
         r
+    }
+}
+
+/// `value` summed over the lanes of this unit row: a warp shuffle when the unit row is one plane
+/// (`plane`, CUDA), else through shared memory ([`row_sum`]). Every unit must call it.
+#[cube]
+pub(crate) fn lane_sum(value: f32, #[comptime] units: usize, #[comptime] plane: bool) -> f32 {
+    if plane {
+        plane_sum(value)
+    } else {
+        row_sum(value, units)
     }
 }
 

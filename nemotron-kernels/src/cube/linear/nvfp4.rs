@@ -1,12 +1,13 @@
 //! NVFP4 weight-only linear (W4A16):
 //! `y[s, n] = epi(gs[e] · Σ_b s_e[n, b] · Σ_j E2M1[code_e(n, 16b + j)] · x[r(s), 16b + j])`,
 //! with `(e, r(s)) = (0, s)` for a plain linear and `(experts[s], s / div)` for routed experts.
-//! Grid: [`super::dispatch`] (GEMV). Codes are u32 words of 8 nibbles, the low nibble first
-//! (`[E · N, K/8]`); block scales E4M3 bytes back to back (`E · N · K/16`, read as words);
+//! Grid: [`super::dispatch`] (vector GEMV when `K % 32 == 0`, scalar otherwise). Codes are u32
+//! words of 8 nibbles, the low nibble first (`[E · N, K/8]`, read 4 words = 2 blocks at a time by
+//! the vector kernel); block scales E4M3 bytes back to back (`E · N · K/16`, read as words);
 //! activations in their storage type `F`, accumulated in f32.
 
-use super::dispatch::{gemv_count, gemv_dim, GEMV_UNITS};
-use super::{byte_at, e2m1, e4m3, epilogue, Call};
+use super::dispatch::{gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_UNITS};
+use super::{byte_at, e2m1, e4m3, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
@@ -84,7 +85,100 @@ pub fn nvfp4_linear_kernel<F: Float>(
     }
 }
 
-/// Launches [`nvfp4_linear_kernel()`] for `x [R, in]`.
+/// `Σ_j E2M1[code j of word] · xs[base + j]` over a word's 8 nibbles (unrolled: constant shifts).
+#[cube]
+fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
+    let mut p = 0.0f32;
+    #[unroll]
+    for j in 0..8usize {
+        p += e2m1((word >> (j as u32 * 4u32)) & 15u32) * xs[base + j];
+    }
+    p
+}
+
+/// The vector GEMV (see [`super::dispatch`]): unit row `u` of cube `c` owns output rows
+/// `(c · 8 + u) · rows ..+ rows`; a lane loads a 32-element activation chunk into registers once
+/// and dots it with the matching 16-byte chunk (2 blocks) of each of its rows.
+#[cube(launch_unchecked)]
+pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
+    x: &[Vector<F, NX>],
+    experts: &[i32],
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    globals: &[f32],
+    y: &mut [F],
+    k: u32,
+    n_out: u32,
+    slots: u32,
+    div: u32,
+    #[comptime] rows: usize,
+    #[comptime] units: usize,
+    #[comptime] plane: bool,
+    #[comptime] routed: bool,
+    #[comptime] relu2: bool,
+) {
+    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if slot >= slots as usize {
+        terminate!();
+    }
+    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let (n_out, k) = (n_out as usize, k as usize);
+    let mut e = 0usize;
+    let mut xrow = slot;
+    if routed {
+        e = experts[slot] as usize;
+        xrow = slot / div as usize;
+    }
+    let (chunks, nb) = (k / 32, k / 16);
+    let mut acc = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        acc[r] = 0.0f32;
+    }
+    let mut xs = Array::<f32>::new(32usize);
+    let mut c = UNIT_POS_X as usize;
+    while c < chunks {
+        // 32 activations = 8 vectors of 4.
+        let xb = (xrow * k + c * 32) / 4;
+        #[unroll]
+        for v in 0..8usize {
+            let xv = x[xb + v];
+            #[unroll]
+            for j in 0..4usize {
+                xs[v * 4 + j] = f32::cast_from(xv.extract(j));
+            }
+        }
+        #[unroll]
+        for r in 0..rows {
+            let n = n0 + r;
+            if n < n_out {
+                let row = e * n_out + n;
+                let wv = packed[row * chunks + c];
+                // The chunk's two scale bytes: an even byte offset, so one half of a word.
+                let si = row * nb + c * 2;
+                let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
+                let p0 =
+                    word_dot(wv.extract(0), &xs, 0usize) + word_dot(wv.extract(1), &xs, 8usize);
+                let p1 =
+                    word_dot(wv.extract(2), &xs, 16usize) + word_dot(wv.extract(3), &xs, 24usize);
+                acc[r] += p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
+            }
+        }
+        c += CUBE_DIM_X as usize;
+    }
+    let g = globals[e];
+    #[unroll]
+    for r in 0..rows {
+        let total = lane_sum(acc[r], units, plane);
+        let n = n0 + r;
+        if UNIT_POS_X == 0 && n < n_out {
+            y[slot * n_out + n] = F::cast_from(epilogue(total * g, relu2));
+        }
+    }
+}
+
+/// Launches [`nvfp4_gemv_kernel()`] (or [`nvfp4_linear_kernel()`] when `in % 32 != 0`) for
+/// `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Nvfp4Weights<CubeBackend<R>>,
@@ -93,11 +187,48 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
+    if c.k % 32 == 0 {
+        let r = rows_per_unit_row(c.n, c.slots);
+        let plane = plane_reduce(&c.x.client);
+        macro_rules! vector {
+            ($t:ty) => {
+                // Safety: every index stays inside its buffer: `k % 32 == 0` makes the activation
+                // row and weight chunks whole vectors; rows ≥ `n_out` and slots ≥ `slots` are
+                // skipped; expert ids come from the routing op (< E).
+                unsafe {
+                    nvfp4_gemv_kernel::launch_unchecked::<$t, R>(
+                        &c.x.client,
+                        gemv_count(c.n, c.slots, r),
+                        gemv_dim(),
+                        4,
+                        4,
+                        arg(&c.x),
+                        c.experts_arg(),
+                        arg(&w.packed),
+                        arg(&w.scales),
+                        arg(&w.globals),
+                        arg(&c.y),
+                        c.k as u32,
+                        c.n as u32,
+                        c.slots as u32,
+                        c.div as u32,
+                        r,
+                        GEMV_UNITS,
+                        plane,
+                        c.routed,
+                        c.relu2,
+                    )
+                }
+            };
+        }
+        with_float!(c.dtype, vector);
+        return c.y;
+    }
     macro_rules! go {
         ($t:ty) => {
             nvfp4_linear_kernel::launch::<$t, R>(
                 &c.x.client,
-                gemv_count(c.n, c.slots),
+                gemv_count(c.n, c.slots, 1),
                 gemv_dim(),
                 arg(&c.x),
                 c.experts_arg(),
