@@ -19,7 +19,7 @@
 //! `cargo run --release [--features cuda] --example bench -- [--backend flex|ndarray|wgpu|cuda]
 //!  [--dtype f32|bf16] [--geometry tiny|small100m | --model DIR | --synthetic lightning]
 //!  [--prompt-len 128] [--decode 32] [--batch 1] [--repeats 3] [--no-hf] [--graph] [--kernels]
-//!  [--engine [--graphs on|off]]`
+//!  [--engine [--graphs on|off|on,off]]`
 //!
 //! Synthetic geometries on disk are written as BF16 checkpoints (HF cannot read NVFP4/FP8 ones).
 
@@ -74,13 +74,15 @@ struct Args {
     /// Decode on the engine (fixed slots, continuous batching) instead of the ragged forward.
     #[arg(long)]
     engine: bool,
-    /// With --engine: replay captured decode steps (on, the default) or run them eagerly (off).
-    #[arg(long)]
-    graphs: Option<String>,
+    /// With --engine: replay captured decode steps (on, the default) or run them eagerly (off);
+    /// `on,off` measures both after one load.
+    #[arg(long, value_delimiter = ',')]
+    graphs: Vec<String>,
     /// Skip the model; the device-timed kernel table at the Lightning shapes.
     #[arg(long)]
     kernels: bool,
-    /// Skip the throughput runs; one batch-1 decode step between cuProfilerStart/Stop (for ncu).
+    /// Skip the throughput runs; one batch-1 decode step between cuProfilerStart/Stop (for ncu);
+    /// with --engine the engine's slot step.
     #[arg(long)]
     step_kernels: bool,
     /// Also split one batch-1 decode step by layer kind (synchronizing after every block).
@@ -196,7 +198,7 @@ fn load(
 }
 
 fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
-    if a.graphs.is_some() && !a.engine {
+    if !a.graphs.is_empty() && !a.engine {
         return Err("--graphs applies to the engine: add --engine".into());
     }
     let t0 = Instant::now();
@@ -236,7 +238,7 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         .map(|i| ((i * 7919 + 13) % v) as u32)
         .collect();
     if a.step_kernels {
-        return step_kernels(&m, dev, &prompt);
+        return step_kernels(&m, dev, &prompt, a.engine);
     }
     let mut first = (0.0, 0.0);
     let runs: Vec<(usize, usize)> = if a.decode == 0 {
@@ -320,12 +322,32 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
 /// each, greedy; the first repeat warms up (and captures the graphs). Returns (prefill tok/s,
 /// decode tok/s).
 fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f64)> {
-    use nemotron::model::{Engine, EngineOptions, GenerateOptions};
-    let graphs = match a.graphs.as_deref().unwrap_or("on") {
-        "on" => true,
-        "off" => false,
-        g => return Err(format!("--graphs {g:?}: expected on or off").into()),
+    let mut first = None;
+    let modes = if a.graphs.is_empty() {
+        vec!["on".to_string()]
+    } else {
+        a.graphs.clone()
     };
+    for g in &modes {
+        let graphs = match g.as_str() {
+            "on" => true,
+            "off" => false,
+            g => return Err(format!("--graphs {g:?}: expected on or off").into()),
+        };
+        let r = engine_run_one(a, m, batch, plen, graphs)?;
+        first.get_or_insert(r);
+    }
+    Ok(first.expect("at least one mode"))
+}
+
+fn engine_run_one(
+    a: &Args,
+    m: &NemotronH,
+    batch: usize,
+    plen: usize,
+    graphs: bool,
+) -> Res<(f64, f64)> {
+    use nemotron::model::{Engine, EngineOptions, GenerateOptions};
     let mut opts = EngineOptions::new(batch, plen + a.decode + 1);
     opts.graphs = graphs;
     let mut e = Engine::new(m, opts)?;
@@ -512,28 +534,40 @@ fn graph_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> 
 }
 
 /// One batch-1 decode step between cuProfilerStart and cuProfilerStop (after warm-up steps), for
-/// `ncu --profile-from-start off`; prints the step's host and wall time.
-fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> {
+/// `ncu --profile-from-start off`; prints the step's host and wall time. With `slots`, the step is
+/// the engine's (`decode_slots` on one slot), otherwise the ragged forward's.
+fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool) -> Res<()> {
     let (state, ids) = prefilled(m, dev, prompt)?;
-    let step = || {
-        let mut s = state.clone();
-        m.forward_last_ids(ids.clone(), &mut [&mut s])
-            .expect("one id row")
+    let mut st = m.new_slots(1, prompt.len() + 8)?;
+    m.load_slot(&mut st, 0, &state)?;
+    let slot = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), (dev, BDType::I32));
+    let ids = ids.cast(BDType::I32);
+    let step = |st: &mut nemotron::model::SlotState| -> Tensor<2> {
+        if slots {
+            m.decode_slots(st, &ids, &slot)
+        } else {
+            let mut s = state.clone();
+            m.forward_last_ids(ids.clone(), &mut [&mut s])
+                .expect("one id row")
+        }
     };
     for _ in 0..3 {
-        let _ = step();
+        let _ = step(&mut st);
     }
+    // The slot's length advanced with every step: rewind it (outside the profiled range).
+    m.load_slot(&mut st, 0, &state)?;
     sync(dev);
     profiler(true)?;
     let t0 = Instant::now();
-    let out = step();
+    let out = step(&mut st);
     let t1 = Instant::now();
     sync(dev);
     let t2 = Instant::now();
     profiler(false)?;
     drop(out);
     println!(
-        "profiled one decode step: host dispatch {:.1} µs, wall {:.1} µs",
+        "profiled one {} decode step: host dispatch {:.1} µs, wall {:.1} µs",
+        if slots { "slot (engine)" } else { "ragged" },
         (t1 - t0).as_secs_f64() * 1e6,
         (t2 - t0).as_secs_f64() * 1e6
     );

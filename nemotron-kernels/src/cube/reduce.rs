@@ -1,5 +1,7 @@
 //! Reductions shared by the kernels.
 
+use burn_cubecl::CubeRuntime;
+use cubecl::ir::features::Plane;
 use cubecl::prelude::*;
 
 /// Sums `value` over the `CUBE_DIM_X` lanes of each unit row (`UNIT_POS_Y`) through shared
@@ -23,4 +25,24 @@ pub(crate) fn row_sum(value: f32, #[comptime] units: usize) -> f32 {
         stride /= 2;
     }
     sm[base]
+}
+
+/// `value` summed over the lanes of this unit row: a warp shuffle when the unit row is one plane
+/// (`plane`, CUDA), else through shared memory ([`row_sum`]). Every unit must call it.
+#[cube]
+pub(crate) fn lane_sum(value: f32, #[comptime] units: usize, #[comptime] plane: bool) -> f32 {
+    if plane {
+        plane_sum(value)
+    } else {
+        row_sum(value, units)
+    }
+}
+
+/// Whether `lanes` lanes are exactly one plane (warp) on this device, so a unit row of them can
+/// reduce by shuffles: CUDA (plane 32), not lavapipe (no plane ops).
+pub fn plane_reduce<R: CubeRuntime>(client: &ComputeClient<R>, lanes: u32) -> bool {
+    let p = client.properties();
+    client.features().plane.contains(Plane::Ops)
+        && p.hardware.plane_size_min == lanes
+        && p.hardware.plane_size_max == lanes
 }

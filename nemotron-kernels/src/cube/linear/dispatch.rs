@@ -12,8 +12,6 @@
 //!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
 use super::super::buffers::yz;
-use burn_cubecl::CubeRuntime;
-use cubecl::ir::features::Plane;
 use cubecl::prelude::*;
 
 /// Lanes per output row (a power of two).
@@ -48,11 +46,4 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Whether a unit row's 32 lanes are exactly one plane (warp) on this device, so they can reduce
-/// by shuffles: CUDA (plane 32), not lavapipe (no plane ops).
-pub fn plane_reduce<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    let p = client.properties();
-    client.features().plane.contains(Plane::Ops)
-        && p.hardware.plane_size_min == GEMV_LANES
-        && p.hardware.plane_size_max == GEMV_LANES
-}
+pub use crate::cube::reduce::plane_reduce;

@@ -4,8 +4,10 @@
 //! and the quantized activation row fits in shared memory, scalar otherwise). Weights are E4M3
 //! bytes as u32 words (`[E · N, K/4]`, read 4 words = 16 bytes at a time by the vector kernel).
 
-use super::dispatch::{gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_UNITS};
-use super::{e4m3, e4m3_round, epilogue, lane_sum, Call};
+use super::dispatch::{
+    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
+};
+use super::{e4m3, e4m3_round, e4m3_scaled, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, f32_buf, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Fp8Weights, Rows};
@@ -148,17 +150,18 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
                 #[unroll]
                 for w in 0..4usize {
                     let word = wv.extract(w);
-                    #[unroll]
-                    for j in 0..4usize {
-                        p += e4m3((word >> (j as u32 * 8u32)) & 255u32) * xs[w * 4 + j];
-                    }
+                    p += e4m3_scaled(word, 0u32) * xs[w * 4];
+                    p += e4m3_scaled(word, 1u32) * xs[w * 4 + 1];
+                    p += e4m3_scaled(word, 2u32) * xs[w * 4 + 2];
+                    p += e4m3_scaled(word, 3u32) * xs[w * 4 + 3];
                 }
                 acc[r] += p;
             }
         }
         c += CUBE_DIM_X as usize;
     }
-    let scale = input_scale * weight_scales[e];
+    // The weights were read as value · 2^-8.
+    let scale = input_scale * weight_scales[e] * 256.0f32;
     #[unroll]
     for r in 0..rows {
         let total = lane_sum(acc[r], units, plane);
@@ -182,7 +185,7 @@ pub fn launch<R: CubeRuntime>(
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
     if c.k % 16 == 0 && c.k <= MAX_SHARED_K {
         let r = rows_per_unit_row(c.n, c.slots);
-        let plane = plane_reduce(&c.x.client);
+        let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! vector {
             ($t:ty) => {
                 // Safety: `k % 16 == 0` makes every weight row whole 16-byte chunks; rows ≥

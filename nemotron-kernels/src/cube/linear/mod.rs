@@ -7,7 +7,7 @@ pub mod fp8;
 pub mod nvfp4;
 
 use super::buffers::{arg, empty, float_buf, i32_buf};
-use super::reduce::row_sum;
+pub(crate) use super::reduce::lane_sum;
 use crate::{Epilogue, Rows};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -44,6 +44,50 @@ pub(crate) fn e4m3(byte: u32) -> f32 {
     }
 }
 
+/// E2M1 code `j` (nibble `j`, low first) of `word`, divided by 4 — exactly, in a few integer
+/// and float operations: the magnitude bits `e1 e0 m` land in the f32 exponent's low bits and the
+/// top mantissa bit over an exponent base of 124 (`0x3E000000`, OR-able: its low two exponent
+/// bits are clear), giving `v = 2^(e−3)·(1 + m/2)` = the value / 4 for `e ≥ 1`; for `e = 0` that
+/// reads `1/8 + m/16` where `m/8` is wanted, which is `2v − 1/4` — and `min(v, 2v − 1/4)` picks
+/// the right one for every code (for `e ≥ 1`, `v ≥ 1/4` so `2v − 1/4 ≥ v`). The sign bit is
+/// XORed in last (code 8 gives −0, as the format says).
+#[cube]
+pub(crate) fn e2m1_quarter(word: u32, #[comptime] j: u32) -> f32 {
+    let bits = if j <= 5 {
+        word << (22 - 4 * j)
+    } else {
+        word >> (4 * j - 22)
+    };
+    let v = f32::reinterpret((bits & 0x01C0_0000u32) | 0x3E00_0000u32);
+    let q = v.min(2.0f32 * v - 0.25f32);
+    let sign = (word << (28 - 4 * j)) & 0x8000_0000u32;
+    f32::reinterpret(u32::reinterpret(q) ^ sign)
+}
+
+/// E4M3 byte `j` of `word` times 2^−8 — exactly, as [`e2m1_quarter`] does it: exponent and
+/// mantissa bits over an exponent base of 112 (`0x38000000`, clear of the 4 exponent bits) give
+/// `v = 2^(e−15)·(1 + m/8)` = the value · 2^−8 for normals; subnormals (`e = 0`, value
+/// `m · 2^−9`) are `2v − 2^−14`, and `min(v, 2v − 2^−14)` picks right for every code. NaN codes
+/// (`0x7F`, `0xFF`) read 0 as in [`e4m3`].
+#[cube]
+pub(crate) fn e4m3_scaled(word: u32, #[comptime] j: u32) -> f32 {
+    let bits = if j <= 2 {
+        word << (20 - 8 * j)
+    } else {
+        word >> 4u32
+    };
+    let body = bits & 0x07F0_0000u32;
+    let v = f32::reinterpret(body | 0x3800_0000u32);
+    let q = v.min(2.0f32 * v - 0.000_061_035_156_25f32);
+    let sign = (word << (24 - 8 * j)) & 0x8000_0000u32;
+    let r = f32::reinterpret(u32::reinterpret(q) ^ sign);
+    if body == 0x07F0_0000u32 {
+        0.0f32
+    } else {
+        r
+    }
+}
+
 /// Byte `i` of a buffer of little-endian u32 words.
 #[cube]
 pub(crate) fn byte_at(words: &[u32], i: usize) -> u32 {
@@ -71,17 +115,6 @@ pub(crate) fn e4m3_round(v: f32) -> f32 {
         -r
     } else {
         r
-    }
-}
-
-/// `value` summed over the lanes of this unit row: a warp shuffle when the unit row is one plane
-/// (`plane`, CUDA), else through shared memory ([`row_sum`]). Every unit must call it.
-#[cube]
-pub(crate) fn lane_sum(value: f32, #[comptime] units: usize, #[comptime] plane: bool) -> f32 {
-    if plane {
-        plane_sum(value)
-    } else {
-        row_sum(value, units)
     }
 }
 

@@ -6,8 +6,10 @@
 //! the vector kernel); block scales E4M3 bytes back to back (`E · N · K/16`, read as words);
 //! activations in their storage type `F`, accumulated in f32.
 
-use super::dispatch::{gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_UNITS};
-use super::{byte_at, e2m1, e4m3, epilogue, lane_sum, Call};
+use super::dispatch::{
+    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
+};
+use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
@@ -85,14 +87,17 @@ pub fn nvfp4_linear_kernel<F: Float>(
     }
 }
 
-/// `Σ_j E2M1[code j of word] · xs[base + j]` over a word's 8 nibbles (unrolled: constant shifts).
+/// `Σ_j E2M1[code j of word] · xs[base + j] / 4` over a word's 8 nibbles.
 #[cube]
 fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
-    let mut p = 0.0f32;
-    #[unroll]
-    for j in 0..8usize {
-        p += e2m1((word >> (j as u32 * 4u32)) & 15u32) * xs[base + j];
-    }
+    let mut p = e2m1_quarter(word, 0u32) * xs[base];
+    p += e2m1_quarter(word, 1u32) * xs[base + 1];
+    p += e2m1_quarter(word, 2u32) * xs[base + 2];
+    p += e2m1_quarter(word, 3u32) * xs[base + 3];
+    p += e2m1_quarter(word, 4u32) * xs[base + 4];
+    p += e2m1_quarter(word, 5u32) * xs[base + 5];
+    p += e2m1_quarter(word, 6u32) * xs[base + 6];
+    p += e2m1_quarter(word, 7u32) * xs[base + 7];
     p
 }
 
@@ -166,7 +171,8 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
         }
         c += CUBE_DIM_X as usize;
     }
-    let g = globals[e];
+    // The codes were read as value / 4.
+    let g = globals[e] * 4.0f32;
     #[unroll]
     for r in 0..rows {
         let total = lane_sum(acc[r], units, plane);
@@ -189,7 +195,7 @@ pub fn launch<R: CubeRuntime>(
     let c = Call::new(x, rows, s.out_features, epi);
     if c.k % 32 == 0 {
         let r = rows_per_unit_row(c.n, c.slots);
-        let plane = plane_reduce(&c.x.client);
+        let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! vector {
             ($t:ty) => {
                 // Safety: every index stays inside its buffer: `k % 32 == 0` makes the activation

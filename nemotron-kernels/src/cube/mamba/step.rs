@@ -9,7 +9,7 @@
 //!   (lanes reduced through shared memory).
 
 use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float};
-use crate::cube::reduce::row_sum;
+use crate::cube::reduce::{lane_sum, plane_reduce};
 use crate::Maybe;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -129,6 +129,7 @@ pub fn ssm_step_kernel<F: Float>(
     groups: u32,
     n_state: u32,
     #[comptime] units: usize,
+    #[comptime] plane: bool,
 ) {
     let (h, p, g, n) = (
         heads as usize,
@@ -158,7 +159,7 @@ pub fn ssm_step_kernel<F: Float>(
             nn += CUBE_DIM_X as usize;
         }
     }
-    let total = row_sum(acc, units);
+    let total = lane_sum(acc, units, plane);
     if UNIT_POS_X == 0 && pp < p {
         let mut out = 0.0f32;
         if slot >= 0 {
@@ -215,6 +216,7 @@ pub fn ssm_launch<R: CubeRuntime>(
                 g as u32,
                 n as u32,
                 (SSM_LANES * SSM_ROWS) as usize,
+                plane_reduce(&x.client, SSM_LANES),
             )
         };
     }
