@@ -837,7 +837,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         let bm = act(&mut rng, vec![1, g * ns]).reshape([1, 1, g, ns]);
         let d = Tensor::<1>::ones([h], (dev, dtype));
         rows.push(Row {
-            name: format!("selective state update {h}×{p}×{ns} (f32 state)"),
+            name: format!("selective scan, 1 token {h}×{p}×{ns} (ragged path)"),
             bytes: 2.0 * (h * p * ns * 4) as f64,
             flops: 5.0 * (h * p * ns) as f64,
             op: Box::new(move || {
@@ -850,6 +850,33 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     d.clone(),
                     st.clone(),
                     &[1],
+                ))
+            }),
+        });
+        // The engine's step: the state slot updated in place.
+        let pool = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));
+        let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
+        let xs = act(&mut rng, vec![1, h * p]).reshape([1, h, p]);
+        let dts = Tensor::<2>::ones([1, h], (dev, dtype)) * 0.01;
+        let bs = act(&mut rng, vec![1, g * ns]).reshape([1, g, ns]);
+        let (av2, d2) = (
+            Tensor::<1>::ones([h], (dev, dtype)) * -1.0,
+            Tensor::<1>::ones([h], (dev, dtype)),
+        );
+        rows.push(Row {
+            name: format!("SSM state step {h}×{p}×{ns} (slot, in place)"),
+            bytes: 2.0 * (h * p * ns * 4) as f64,
+            flops: 5.0 * (h * p * ns) as f64,
+            op: Box::new(move || {
+                drop(ops::ssm_step(
+                    xs.clone(),
+                    dts.clone(),
+                    av2.clone(),
+                    bs.clone(),
+                    bs.clone(),
+                    d2.clone(),
+                    pool.clone(),
+                    &slot0,
                 ))
             }),
         });
@@ -897,6 +924,21 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             bytes: (4 * 2 * e + 8 * 6) as f64,
             flops: 0.0,
             op: Box::new(move || drop(ops::moe_route(logits.clone(), bias.clone(), &c))),
+        });
+        let v = 131_072;
+        let logits = act(&mut rng, vec![1, v]);
+        let l2 = logits.clone();
+        rows.push(Row {
+            name: format!("vocab argmax 1×{v} (ours)"),
+            bytes: esize * v as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::argmax_rows(logits.clone()))),
+        });
+        rows.push(Row {
+            name: format!("vocab argmax 1×{v} (Burn's argmax)"),
+            bytes: esize * v as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(l2.clone().argmax(1))),
         });
         let h = 2688;
         let x = act(&mut rng, vec![1, h]);

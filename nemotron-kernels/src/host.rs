@@ -353,6 +353,14 @@ fn attention_step<F: HostPrimitive, I: HostPrimitive>(
     )
 }
 
+fn argmax_rows<F: HostPrimitive, I: HostPrimitive>(x: F) -> I {
+    let (v, shape) = x.floats();
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let ids = reference::argmax_rows(&v, cols);
+    let n = ids.len();
+    I::from_data(TensorData::new(ids, [n]))
+}
+
 fn advance_lens<I: HostPrimitive>(lens: I, slots: I) -> I {
     let mut l = lens.ints();
     for s in slots.ints() {
@@ -500,6 +508,11 @@ macro_rules! host_backend {
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
                 attention_step(q, k, v, kpool, vpool, lens, slots, scale)
+            }
+            fn argmax_rows(
+                x: burn::backend::tensor::FloatTensor<Self>,
+            ) -> burn::backend::tensor::IntTensor<Self> {
+                argmax_rows::<_, burn::backend::tensor::IntTensor<Self>>(x)
             }
             fn advance_lens(
                 lens: burn::backend::tensor::IntTensor<Self>,

@@ -313,6 +313,10 @@ pub trait NemotronOps: Backend {
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// Each row's arg-max over `x` `[B, V]` (the lowest index on ties; NaN never wins): `[B]`
+    /// I32. Greedy sampling on the device — one launch, `B` ids to read back.
+    fn argmax_rows(x: FloatTensor<Self>) -> IntTensor<Self>;
+
     /// `lens[slots[b]] += 1` for every non-pad row, in place. Returns `lens`.
     fn advance_lens(lens: IntTensor<Self>, slots: IntTensor<Self>) -> IntTensor<Self>;
 

@@ -444,6 +444,13 @@ pub fn attention_step(
     (out(o), out(kp), out(vp))
 }
 
+/// Each row's arg-max (the lowest index on ties): `[B]` I32 — greedy decoding on the device.
+/// (Burn's own `argmax` walks a row with one unit when its autotune is off: milliseconds over a
+/// 131,072-entry vocabulary on the H200.)
+pub fn argmax_rows(x: Tensor<2>) -> Tensor<1, Int> {
+    Tensor::from_dispatch(<D as NemotronOps>::argmax_rows(x.into_dispatch()))
+}
+
 /// `lens[slots[b]] += 1` for the non-pad rows.
 pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, Int> {
     Tensor::from_dispatch(<D as NemotronOps>::advance_lens(

@@ -549,3 +549,18 @@ pub fn attention_step(
     }
     o
 }
+
+/// Each `cols`-wide row's arg-max, the lowest index on ties (NaN never wins: a row of NaN gives 0).
+pub fn argmax_rows(x: &[f32], cols: usize) -> Vec<i32> {
+    x.chunks(cols)
+        .map(|row| {
+            let mut b = 0usize;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[b] || (row[b].is_nan() && !v.is_nan()) {
+                    b = i;
+                }
+            }
+            b as i32
+        })
+        .collect()
+}

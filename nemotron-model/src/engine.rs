@@ -326,7 +326,7 @@ impl<'m> Engine<'m> {
                 (&dev, DType::I32),
             );
             let l = self.model.decode_slots(&mut self.state, &ids_t, &slots_t);
-            let a = l.clone().argmax(1).reshape([size]);
+            let a = nemotron_kernels::ops::argmax_rows(l.clone());
             (l, a)
         };
         self.state.note_step(&slots);
@@ -387,7 +387,7 @@ impl<'m> Engine<'m> {
         let step: StepFn<'m> = Box::new(move || {
             let mut st = state.clone();
             let l = model.decode_slots(&mut st, &gi.clone().reshape([size, 1]), &gs);
-            let a = l.clone().argmax(1).reshape([size]);
+            let a = nemotron_kernels::ops::argmax_rows(l.clone());
             (l, a)
         });
         let graph = capture(&dev, step);

@@ -58,8 +58,7 @@ pub fn host_rows(logits: Tensor<2>) -> Vec<f32> {
 
 /// Row-wise argmax computed on the device; only `B` ids come back.
 pub fn device_argmax(logits: Tensor<2>) -> Vec<u32> {
-    let [b, _] = logits.dims();
-    let idx = logits.argmax(1).reshape([b]);
+    let idx = nemotron_kernels::ops::argmax_rows(logits);
     idx.into_data()
         .convert::<i64>()
         .into_vec::<i64>()

@@ -11,11 +11,13 @@
 //! | matmul | [`matmul`] | exact-f32-accumulation batched matmul |
 //! | attention | [`attention`] (`decode`) | GQA decode attention over slot KV caches |
 //! | slots | [`slots`], [`mamba::step`] | decode over state slots: conv / SSM steps in place, lengths, slot writes |
+//! | greedy pick | [`argmax`] | row-wise arg-max over the vocabulary |
 //!
 //! [`buffers`] turns tensors into kernel buffers; [`reduce`] holds shared reductions. Activations
 //! are read and written in their storage type (f32, bf16, f16) except the Mamba2 conv and scan,
 //! which run in f32 (the SSM state is f32 whatever the activation dtype).
 
+pub mod argmax;
 pub mod attention;
 pub mod buffers;
 pub mod linear;
@@ -114,6 +116,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         scale: f32,
     ) -> (T<R>, T<R>, T<R>) {
         attention::decode::launch(q, k, v, kpool, vpool, lens, slots, scale)
+    }
+
+    fn argmax_rows(x: T<R>) -> T<R> {
+        argmax::launch(x)
     }
 
     fn advance_lens(lens: T<R>, slots: T<R>) -> T<R> {

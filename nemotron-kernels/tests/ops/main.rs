@@ -13,6 +13,7 @@
 //! codes are the same on both sides, so W8A8 gets the same band. bf16: see [`BF16`].
 #![cfg(feature = "cube")]
 
+mod argmax;
 mod linear;
 mod mamba;
 mod matmul;
@@ -195,6 +196,7 @@ macro_rules! arms {
 }
 
 arms! {
+    argmax_rows => argmax::argmax_rows_matches,
     nvfp4_linear => linear::nvfp4_linear_matches,
     fp8_linear => linear::fp8_linear_matches,
     expert_linears => linear::expert_linears_match,
