@@ -200,6 +200,14 @@ fn rms_norm<F: HostPrimitive>(x: F, gate: Option<F>, weight: F, groups: usize, e
     )
 }
 
+fn add_rms_norm<F: HostPrimitive>(x: F, y: F, weight: F, eps: f64) -> (F, F) {
+    let (x, shape) = x.floats();
+    let y = y.floats().0;
+    let s: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+    let h = reference::rms_norm(&s, None, &weight.floats().0, shape[1], 1, eps);
+    (from_floats(s, shape.clone()), from_floats(h, shape))
+}
+
 fn moe_route<F: HostPrimitive, I: HostPrimitive>(logits: F, bias: F, c: RouteConfig) -> (I, F) {
     let (l, shape) = logits.floats();
     let (idx, w) = reference::moe_route(&l, &bias.floats().0, &c);
@@ -412,6 +420,17 @@ macro_rules! host_backend {
                 epilogue: Epilogue,
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 fp8_linear::<$b>(x, w, rows, epilogue)
+            }
+            fn add_rms_norm(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                y: burn::backend::tensor::FloatTensor<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                eps: f64,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                add_rms_norm(x, y, weight, eps)
             }
             fn rms_norm(
                 x: burn::backend::tensor::FloatTensor<Self>,

@@ -202,6 +202,16 @@ pub trait NemotronOps: Backend {
         epilogue: Epilogue,
     ) -> FloatTensor<Self>;
 
+    /// The residual add and the next pre-norm in one: `s = x + y` (rounded to the activation
+    /// dtype, as a separate add would), `h = RMSNorm(s) · weight` with f32 statistics over the
+    /// whole row (`[R, H]` each). Returns `(s, h)`.
+    fn add_rms_norm(
+        x: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// RMSNorm within `groups` contiguous channel groups of the last dimension, statistics in
     /// f32: `y = w · u / sqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` when a gate is
     /// given (Mamba2's gated norm: gate before the norm) and `u = x` otherwise. `x`, `gate`:

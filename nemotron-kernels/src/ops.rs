@@ -224,6 +224,26 @@ pub fn rms_norm(
     ))
 }
 
+/// The residual add and the next pre-norm in one launch (see [`NemotronOps::add_rms_norm`]):
+/// `(x + y, RMSNorm(x + y) · weight)`, `[R, H]` each.
+pub fn add_rms_norm(
+    x: Tensor<2>,
+    y: Tensor<2>,
+    weight: Tensor<1>,
+    eps: f64,
+) -> (Tensor<2>, Tensor<2>) {
+    let [r, h] = x.dims();
+    assert_eq!(y.dims(), [r, h], "add_rms_norm: y shape");
+    assert_eq!(weight.dims(), [h], "add_rms_norm: weight for {h} channels");
+    let (s, n) = <D as NemotronOps>::add_rms_norm(
+        x.into_dispatch(),
+        y.into_dispatch(),
+        weight.into_dispatch(),
+        eps,
+    );
+    (out(s), out(n))
+}
+
 /// MoE routing (see [`NemotronOps::moe_route`]): `(indices [N, k], weights [N, k] f32)`.
 pub fn moe_route(
     logits: Tensor<2>,

@@ -100,21 +100,26 @@ impl Block {
     }
 
     /// One token per row over slot states (see [`crate::NemotronH::decode_slots`]).
-    pub fn step(
+    /// The block's pre-norm (the decode step fuses it with the previous residual add).
+    pub(crate) fn norm(&self) -> &RmsNorm {
+        &self.norm
+    }
+
+    /// The mixer alone over slot states, on the already-normalized `h` `[B, 1, hidden]`: the
+    /// decode step adds the residual and applies the next norm in one fused op.
+    pub(crate) fn mix_step(
         &self,
-        x: Tensor<3>,
+        h: Tensor<3>,
         pools: &mut SlotLayer,
         lens: &Tensor<1, Int>,
         slots: &Tensor<1, Int>,
     ) -> Tensor<3> {
-        let h = self.norm.forward(x.clone());
-        let y = match &self.mixer {
+        match &self.mixer {
             Mixer::Mamba(m) => m.step(h, pools, slots),
             Mixer::Moe(m) => m.forward(h),
             Mixer::Attention(a) => a.step(h, pools, lens, slots),
             Mixer::Mlp(m) => m.forward(h),
-        };
-        x + y
+        }
     }
 
     pub fn forward(

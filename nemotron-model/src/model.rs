@@ -156,6 +156,14 @@ impl NemotronH {
         Ok(self.head(x))
     }
 
+    pub(crate) fn norm_f(&self) -> &crate::norm::RmsNorm {
+        &self.norm_f
+    }
+
+    pub(crate) fn lm_head(&self) -> &Linear {
+        &self.lm_head
+    }
+
     pub(crate) fn embeddings(&self) -> &Tensor<2> {
         &self.embeddings
     }

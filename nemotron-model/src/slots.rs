@@ -12,7 +12,7 @@ use crate::cache::{LayerState, SequenceState};
 use crate::error::ModelError;
 use crate::model::NemotronH;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use nemotron_kernels::ops;
+use nemotron_kernels::{ops, Epilogue};
 
 /// One layer's share of the slot pools.
 #[derive(Debug, Clone)]
@@ -172,12 +172,22 @@ impl NemotronH {
         slots: &Tensor<1, Int>,
     ) -> Tensor<2> {
         let [b, _] = ids.dims();
-        let mut x = burn::tensor::module::embedding(self.embeddings().clone(), ids.clone());
-        for (block, pools) in self.layers().iter().zip(st.layers.iter_mut()) {
-            x = block.step(x, pools, &st.lens, slots);
+        let x = burn::tensor::module::embedding(self.embeddings().clone(), ids.clone());
+        let [_, _, hid] = x.dims();
+        let layers = self.layers();
+        let mut x: Tensor<2> = x.reshape([b, hid]);
+        let mut h = match layers.first() {
+            Some(l) => l.norm().forward(x.clone()),
+            None => self.norm_f().forward(x.clone()),
+        };
+        // Each block's residual add is fused with the next block's norm (the final norm after
+        // the last block), so the hidden state crosses a block in one launch.
+        for (i, (block, pools)) in layers.iter().zip(st.layers.iter_mut()).enumerate() {
+            let y = block.mix_step(h.reshape([b, 1, hid]), pools, &st.lens, slots);
+            let next = layers.get(i + 1).map_or(self.norm_f(), |l| l.norm());
+            (x, h) = ops::add_rms_norm(x, y.reshape([b, hid]), next.weight.clone(), next.eps);
         }
         st.lens = ops::advance_lens(st.lens.clone(), slots);
-        let [_, _, h] = x.dims();
-        self.head(x.reshape([b, h]))
+        self.lm_head().forward(h, Epilogue::None)
     }
 }

@@ -51,6 +51,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         norm::launch(x, gate, weight, groups, eps)
     }
 
+    fn add_rms_norm(x: T<R>, y: T<R>, weight: T<R>, eps: f64) -> (T<R>, T<R>) {
+        norm::add_launch(x, y, weight, eps)
+    }
+
     fn moe_route(logits: T<R>, bias: T<R>, config: RouteConfig) -> (T<R>, T<R>) {
         route::launch(logits, bias, config)
     }

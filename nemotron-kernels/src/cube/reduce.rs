@@ -46,3 +46,26 @@ pub fn plane_reduce<R: CubeRuntime>(client: &ComputeClient<R>, lanes: u32) -> bo
         && p.hardware.plane_size_min == lanes
         && p.hardware.plane_size_max == lanes
 }
+
+/// `value` summed over every unit of a 1-D cube of `units` units (a multiple of 32 when `plane`):
+/// warp shuffles, then the warps' partial sums through shared memory (`plane`, CUDA), else a
+/// shared-memory tree ([`row_sum`]). Every unit must call it; every unit gets the total.
+#[cube]
+pub(crate) fn block_sum(value: f32, #[comptime] units: usize, #[comptime] plane: bool) -> f32 {
+    if plane {
+        let s = plane_sum(value);
+        let mut sm = Shared::<[f32]>::new_slice(units / 32);
+        let u = UNIT_POS as usize;
+        if u % 32 == 0 {
+            sm[u / 32] = s;
+        }
+        sync_cube();
+        let mut t = 0.0f32;
+        for i in 0..units / 32 {
+            t += sm[i];
+        }
+        t
+    } else {
+        row_sum(value, units)
+    }
+}

@@ -203,6 +203,7 @@ arms! {
     e4m3_codes => linear::e4m3_codes_decode_as_defined,
     e2m1_codes => linear::e2m1_codes_decode_as_defined,
     rms_norm => norm::rms_norm_matches,
+    add_rms_norm => norm::add_rms_norm_matches,
     moe_route => route::moe_route_matches,
     dt_softplus => mamba::dt_softplus_matches,
     causal_conv1d => mamba::conv_matches,
