@@ -853,15 +853,22 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 ))
             }),
         });
-        // The engine's step: the state slot updated in place.
+        // The engine's step: the state slot updated in place, x | B | C read from the conv
+        // output row, the dt softplus inside.
         let pool = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));
         let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
-        let xs = act(&mut rng, vec![1, h * p]).reshape([1, h, p]);
-        let dts = Tensor::<2>::ones([1, h], (dev, dtype)) * 0.01;
-        let bs = act(&mut rng, vec![1, g * ns]).reshape([1, g, ns]);
-        let (av2, d2) = (
+        let xbc = act(&mut rng, vec![1, h * p + 2 * g * ns]);
+        let dts = Tensor::<2>::ones([1, h], (dev, dtype)) * -4.0;
+        let dims = nemotron::kernels::ScanDims {
+            heads: h,
+            head_dim: p,
+            groups: g,
+            state: ns,
+        };
+        let (av2, d2, bias2) = (
             Tensor::<1>::ones([h], (dev, dtype)) * -1.0,
             Tensor::<1>::ones([h], (dev, dtype)),
+            Tensor::<1>::zeros([h], (dev, dtype)),
         );
         rows.push(Row {
             name: format!("SSM state step {h}×{p}×{ns} (slot, in place)"),
@@ -869,14 +876,15 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             flops: 5.0 * (h * p * ns) as f64,
             op: Box::new(move || {
                 drop(ops::ssm_step(
-                    xs.clone(),
+                    xbc.clone(),
                     dts.clone(),
+                    bias2.clone(),
                     av2.clone(),
-                    bs.clone(),
-                    bs.clone(),
                     d2.clone(),
                     pool.clone(),
                     &slot0,
+                    dims,
+                    None,
                 ))
             }),
         });

@@ -294,37 +294,44 @@ fn conv_step<F: HostPrimitive, I: HostPrimitive>(
 }
 
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 fn ssm_step<F: HostPrimitive, I: HostPrimitive>(
-    x: F,
+    xbc: F,
     dt: F,
+    dt_bias: F,
     a: F,
-    b: F,
-    c: F,
     d: F,
     pool: F,
     slots: I,
+    dims: ScanDims,
+    dt_min: Option<f32>,
 ) -> (F, F) {
-    let (x, shape) = x.floats();
-    let (bm, bshape) = b.floats();
+    let (xbc, shape) = xbc.floats();
     let (mut p, pshape) = pool.floats();
-    let dims = ScanDims {
-        heads: shape[1],
-        head_dim: shape[2],
-        groups: bshape[1],
-        state: bshape[2],
+    let (rows, width) = (shape[0], shape[1]);
+    let (hp, gn) = (dims.heads * dims.head_dim, dims.groups * dims.state);
+    let part = |from: usize, len: usize| -> Vec<f32> {
+        xbc.chunks(width)
+            .flat_map(|r| r[from..from + len].iter().copied())
+            .collect()
     };
+    let (x, bm, cm) = (part(0, hp), part(hp, gn), part(hp + gn, gn));
+    let dt = reference::dt_softplus(&dt.floats().0, &dt_bias.floats().0, dt_min);
     let y = reference::ssm_step(
         &x,
-        &dt.floats().0,
+        &dt,
         &a.floats().0,
         &bm,
-        &c.floats().0,
+        &cm,
         &d.floats().0,
         &mut p,
         &slots.ints(),
         dims,
     );
-    (from_floats(y, shape), from_floats(p, pshape))
+    (
+        from_floats(y, vec![rows, dims.heads, dims.head_dim]),
+        from_floats(p, pshape),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -498,19 +505,20 @@ macro_rules! host_backend {
                 conv_step(x, weight, bias.into_option(), pool, slots)
             }
             fn ssm_step(
-                x: burn::backend::tensor::FloatTensor<Self>,
+                xbc: burn::backend::tensor::FloatTensor<Self>,
                 dt: burn::backend::tensor::FloatTensor<Self>,
+                dt_bias: burn::backend::tensor::FloatTensor<Self>,
                 a: burn::backend::tensor::FloatTensor<Self>,
-                b: burn::backend::tensor::FloatTensor<Self>,
-                c: burn::backend::tensor::FloatTensor<Self>,
                 d: burn::backend::tensor::FloatTensor<Self>,
                 pool: burn::backend::tensor::FloatTensor<Self>,
                 slots: burn::backend::tensor::IntTensor<Self>,
+                dims: ScanDims,
+                dt_min: Option<f32>,
             ) -> (
                 burn::backend::tensor::FloatTensor<Self>,
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
-                ssm_step(x, dt, a, b, c, d, pool, slots)
+                ssm_step(xbc, dt, dt_bias, a, d, pool, slots, dims, dt_min)
             }
             fn attention_step(
                 q: burn::backend::tensor::FloatTensor<Self>,

@@ -291,19 +291,22 @@ pub trait NemotronOps: Backend {
         slots: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// The selective scan for one token per row: `x` `[B, H, P]`, `dt` `[B, H]` (after softplus),
-    /// `a`, `d` `[H]`, `b`, `c` `[B, G, N]`, the state of row `b` in `pool[slots[b]]`
-    /// (`[S, H, P, N]`, f32), updated in place. Returns `(y [B, H, P], pool)`.
+    /// The selective scan for one token per row, reading its inputs where the conv step left
+    /// them: `xbc` `[B, H·P + 2·G·N]` = `x | B | C` (`dims`), `dt` `[B, H]` raw — the op applies
+    /// `softplus(dt + dt_bias)`, floored at `dt_min` where given, rounded to the activation dtype
+    /// as [`Self::dt_softplus`] stores it — `a`, `d` `[H]`; the state of row `b` in
+    /// `pool[slots[b]]` (`[S, H, P, N]`, f32), updated in place. Returns `(y [B, H, P], pool)`.
     #[allow(clippy::too_many_arguments)]
     fn ssm_step(
-        x: FloatTensor<Self>,
+        xbc: FloatTensor<Self>,
         dt: FloatTensor<Self>,
+        dt_bias: FloatTensor<Self>,
         a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        c: FloatTensor<Self>,
         d: FloatTensor<Self>,
         pool: FloatTensor<Self>,
         slots: IntTensor<Self>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// GQA attention for one token per row over its slot's KV cache: appends `k`, `v`

@@ -4,7 +4,7 @@
 
 use crate::{
     bytes_to_words, Epilogue, Fp8Matrix, Fp8Weights, Maybe, NemotronOps, Nvfp4Matrix, Nvfp4Weights,
-    RouteConfig, Rows, StackShape,
+    RouteConfig, Rows, ScanDims, StackShape,
 };
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -390,36 +390,48 @@ pub fn conv_step(
     (out(y), out(p))
 }
 
-/// The selective scan for one token per row over slot states: `x` `[B, H, P]`, `dt` `[B, H]`,
-/// `b`/`c` `[B, G, N]`, `pool` `[S, H, P, N]` f32.
+/// The selective scan for one token per row over slot states, straight from the conv step's
+/// output (see [`NemotronOps::ssm_step`]): `xbc` `[B, H·P + 2·G·N]`, `dt` `[B, H]` raw (the
+/// softplus with `dt_bias` and the `dt_min` floor happen inside), `pool` `[S, H, P, N]` f32.
 #[allow(clippy::too_many_arguments)]
 pub fn ssm_step(
-    x: Tensor<3>,
+    xbc: Tensor<2>,
     dt: Tensor<2>,
+    dt_bias: Tensor<1>,
     a: Tensor<1>,
-    b: Tensor<3>,
-    c: Tensor<3>,
     d: Tensor<1>,
     pool: Tensor<4>,
     slots: &Tensor<1, Int>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
 ) -> (Tensor<3>, Tensor<4>) {
-    let ([rows, h, p], [_, g, n]) = (x.dims(), b.dims());
+    let ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    } = dims;
+    let [rows, width] = xbc.dims();
     assert!(g > 0 && h % g == 0, "ssm_step: {g} groups for {h} heads");
+    assert_eq!(width, h * p + 2 * g * n, "ssm_step: xbc width for {dims:?}");
     assert_eq!(dt.dims(), [rows, h], "ssm_step: dt shape");
-    assert_eq!(c.dims(), [rows, g, n], "ssm_step: C shape");
+    for (name, t) in [("dt_bias", &dt_bias), ("a", &a), ("d", &d)] {
+        assert_eq!(t.dims(), [h], "ssm_step: {name} for {h} heads");
+    }
     let [_, ph, pp, pn] = pool.dims();
     assert!(ph == h && pp == p && pn == n, "ssm_step: pool shape");
     assert_eq!(pool.dtype(), DType::F32, "ssm_step: the SSM state is f32");
     assert_eq!(slots.dims(), [rows], "ssm_step: one slot per row");
     let (y, s) = <D as NemotronOps>::ssm_step(
-        x.into_dispatch(),
+        xbc.into_dispatch(),
         dt.into_dispatch(),
+        dt_bias.into_dispatch(),
         a.into_dispatch(),
-        b.into_dispatch(),
-        c.into_dispatch(),
         d.into_dispatch(),
         pool.into_dispatch(),
         slots.clone().into_dispatch(),
+        dims,
+        dt_min,
     );
     (out(y), out(s))
 }

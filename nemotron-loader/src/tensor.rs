@@ -82,6 +82,25 @@ impl HostTensor {
         self.shape.iter().product()
     }
 
+    /// Rows `r` of a row-major tensor (along the first dimension), bytes copied as shipped —
+    /// packed and 8-bit rows included, each row being a whole number of bytes. `None` if the
+    /// range is out of bounds or the tensor has no rows.
+    pub fn rows(&self, r: std::ops::Range<usize>) -> Option<HostTensor> {
+        let n = *self.shape.first()?;
+        if r.start > r.end || r.end > n || n == 0 || self.bytes.len() % n != 0 {
+            return None;
+        }
+        let per = self.bytes.len() / n;
+        let mut shape = self.shape.clone();
+        shape[0] = r.len();
+        Some(HostTensor {
+            name: format!("{}[{}..{}]", self.name, r.start, r.end),
+            dtype: self.dtype,
+            shape,
+            bytes: self.bytes[r.start * per..r.end * per].to_vec(),
+        })
+    }
+
     /// Decodes a BF16/F16/F32 tensor to f32 (a copy; for small tensors and for tests).
     /// Returns `None` for packed or 8-bit types, which must never be read as dense.
     pub fn to_f32_vec(&self) -> Option<Vec<f32>> {

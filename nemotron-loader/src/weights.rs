@@ -59,6 +59,26 @@ impl LinearWeight {
         }
     }
 
+    /// Output features `r` as a linear of their own, in the same form (per-tensor scales carry
+    /// over; NVFP4 block scales are per row): how a fused projection splits into its parts.
+    /// `None` if `r` is out of bounds.
+    pub fn rows(&self, r: std::ops::Range<usize>) -> Option<LinearWeight> {
+        Some(match self {
+            LinearWeight::Dense(t) => LinearWeight::Dense(t.rows(r)?),
+            LinearWeight::Nvfp4(w) => LinearWeight::Nvfp4(Nvfp4Weight {
+                out_features: r.len(),
+                packed: w.packed.rows(r.clone())?,
+                block_scales: w.block_scales.rows(r)?,
+                ..w.clone()
+            }),
+            LinearWeight::Fp8(w) => LinearWeight::Fp8(Fp8Weight {
+                out_features: r.len(),
+                weight: w.weight.rows(r)?,
+                ..w.clone()
+            }),
+        })
+    }
+
     pub fn form(&self) -> WeightForm {
         match self {
             LinearWeight::Dense(_) => WeightForm::Dense,

@@ -8,13 +8,17 @@ use crate::slots::SlotLayer;
 use crate::util::{float, from_vec};
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor};
-use nemotron_kernels::{ops, Epilogue};
+use nemotron_kernels::{ops, Epilogue, ScanDims};
 use nemotron_loader::config::MambaConfig;
 use nemotron_loader::MambaWeights;
 
 #[derive(Debug, Clone)]
 pub struct Mamba2 {
-    in_proj: Linear,
+    /// `in_proj` split by output rows into its `z`, `xBC` and `dt` parts at load (each in the
+    /// shipped form): three dense outputs instead of slices of one.
+    in_z: Linear,
+    in_xbc: Linear,
+    in_dt: Linear,
     /// `[C, K]`.
     conv_weight: Tensor<2>,
     conv_bias: Option<Tensor<1>>,
@@ -41,6 +45,17 @@ impl Mamba2 {
         dv: &Deviations,
     ) -> Self {
         let (k, h) = (cfg.conv_kernel, cfg.num_heads);
+        let (i, conv) = (cfg.inner(), cfg.conv_dim());
+        let part = |r: std::ops::Range<usize>| {
+            w.in_proj.rows(r.clone()).unwrap_or_else(|| {
+                panic!(
+                    "in_proj has {} rows, fewer than z + xBC + dt = {} (the loader checks its shape)",
+                    w.in_proj.out_features(),
+                    r.end
+                )
+            })
+        };
+        let (wz, wxbc, wdt) = (part(0..i), part(i..i + conv), part(i + conv..i + conv + h));
         let proj = |w| {
             if dv.fp8_weight_only {
                 Linear::weight_only(w, dev, dtype)
@@ -49,7 +64,9 @@ impl Mamba2 {
             }
         };
         Mamba2 {
-            in_proj: proj(w.in_proj),
+            in_z: proj(wz),
+            in_xbc: proj(wxbc),
+            in_dt: proj(wdt),
             conv_weight: float::<3>(&w.conv_weight, dev, dtype).reshape([cfg.conv_dim(), k]),
             conv_bias: w.conv_bias.as_ref().map(|b| float(b, dev, dtype)),
             a: from_vec(w.a_log.iter().map(|v| -v.exp()).collect(), [h], dev, dtype),
@@ -113,13 +130,12 @@ impl Mamba2 {
         let SlotLayer::Mamba { conv: cpool, ssm } = pools else {
             panic!("a Mamba layer's slots hold {pools:?}")
         };
-        let zxbcdt = self.in_proj.forward(h, Epilogue::None);
-        let z = zxbcdt.clone().slice_dim(2, 0..i);
-        let xbc: Tensor<2> = zxbcdt
-            .clone()
-            .slice_dim(2, i..i + conv)
+        let z = self.in_z.forward(h.clone(), Epilogue::None);
+        let xbc: Tensor<2> = self
+            .in_xbc
+            .forward(h.clone(), Epilogue::None)
             .reshape([bsz, conv]);
-        let dt = zxbcdt.slice_dim(2, i + conv..i + conv + nh);
+        let dt: Tensor<2> = self.in_dt.forward(h, Epilogue::None).reshape([bsz, nh]);
         let (xbc, cp) = ops::conv_step(
             xbc,
             self.conv_weight.clone(),
@@ -128,21 +144,22 @@ impl Mamba2 {
             slots,
         );
         *cpool = cp;
-        let x = xbc.clone().slice_dim(1, 0..i).reshape([bsz, nh, p]);
-        let bm = xbc.clone().slice_dim(1, i..i + g * n).reshape([bsz, g, n]);
-        let cm = xbc
-            .slice_dim(1, i + g * n..i + 2 * g * n)
-            .reshape([bsz, g, n]);
-        let dt = ops::dt_softplus(dt, self.dt_bias.clone(), self.dt_min).reshape([bsz, nh]);
+        let dims = ScanDims {
+            heads: nh,
+            head_dim: p,
+            groups: g,
+            state: n,
+        };
         let (y, sp) = ops::ssm_step(
-            x,
+            xbc,
             dt,
+            self.dt_bias.clone(),
             self.a.clone(),
-            bm,
-            cm,
             self.d.clone(),
             ssm.clone(),
             slots,
+            dims,
+            self.dt_min,
         );
         *ssm = sp;
         let u = self.norm.forward(y.reshape([bsz, 1, i]), z);
@@ -159,18 +176,10 @@ impl Mamba2 {
     ) -> Tensor<3> {
         let c = &self.cfg;
         let [bsz, t, _] = h.dims();
-        let (i, conv, nh, g, n, p) = (
-            c.inner(),
-            c.conv_dim(),
-            c.num_heads,
-            c.n_groups,
-            c.state_size,
-            c.head_dim,
-        );
-        let zxbcdt = self.in_proj.forward(h, Epilogue::None);
-        let z = zxbcdt.clone().slice_dim(2, 0..i);
-        let xbc = zxbcdt.clone().slice_dim(2, i..i + conv);
-        let dt = zxbcdt.slice_dim(2, i + conv..i + conv + nh);
+        let (i, nh, g, n, p) = (c.inner(), c.num_heads, c.n_groups, c.state_size, c.head_dim);
+        let z = self.in_z.forward(h.clone(), Epilogue::None);
+        let xbc = self.in_xbc.forward(h.clone(), Epilogue::None);
+        let dt = self.in_dt.forward(h, Epilogue::None);
 
         let (conv_states, ssm_states): (Vec<_>, Vec<_>) = states
             .iter()

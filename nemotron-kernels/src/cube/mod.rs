@@ -28,7 +28,7 @@ pub mod reduce;
 pub mod route;
 pub mod slots;
 
-use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows};
+use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 
@@ -97,16 +97,17 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
     }
 
     fn ssm_step(
-        x: T<R>,
+        xbc: T<R>,
         dt: T<R>,
+        dt_bias: T<R>,
         a: T<R>,
-        b: T<R>,
-        c: T<R>,
         d: T<R>,
         pool: T<R>,
         slots: T<R>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
     ) -> (T<R>, T<R>) {
-        mamba::step::ssm_launch(x, dt, a, b, c, d, pool, slots)
+        mamba::step::ssm_launch(xbc, dt, dt_bias, a, d, pool, slots, dims, dt_min)
     }
 
     fn attention_step(

@@ -4,7 +4,7 @@
 
 use super::{close, host, Arm, Rng};
 use burn::tensor::{Int, Tensor, TensorData};
-use nemotron_kernels::ops;
+use nemotron_kernels::{ops, ScanDims};
 
 fn slots(a: &Arm, v: &[i32]) -> Tensor<1, Int> {
     Tensor::from_data(
@@ -53,45 +53,67 @@ pub fn conv_step_matches(arm: &Arm) {
     );
 }
 
+/// The slot SSM step reading `x | B | C` from one conv output row and applying the dt softplus
+/// itself (with and without the `dt_min` floor), against the reference.
 pub fn ssm_step_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(12, arm));
     let (s, h, p, g, n) = (3, 4, 8, 2, 16);
+    let dims = ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    };
+    let width = h * p + 2 * g * n;
     let rows = [1, -1, 2, 0];
     let b = rows.len();
-    let x = rng.vec(b * h * p, 1.0);
+    let xbc = rng.vec(b * width, 1.0);
+    // Raw dt around −3: softplus ≈ 0.05, the floor 0.04 clamps some of them.
     let dt: Vec<f32> = rng
         .vec(b * h, 1.0)
         .iter()
-        .map(|v| rng.round(0.01 + 0.1 * v.abs()))
+        .map(|v| rng.round(v - 3.0))
         .collect();
+    let dt_bias = rng.vec(h, 0.5);
     let a: Vec<f32> = (0..h).map(|i| -(1.0 + i as f32)).collect();
-    let bm = rng.vec(b * g * n, 1.0);
-    let cm = rng.vec(b * g * n, 1.0);
     let d = rng.vec(h, 1.0);
     let pool = rng.vec(s * h * p * n, 0.5);
-    let run = |ar: &Arm| {
-        let pl = ops::contiguous(ar.f32(&pool, [s, h, p, n]));
-        let before = pl.clone();
-        let (y, pl) = ops::ssm_step(
-            ar.t(&x, [b, h, p]),
-            ar.t(&dt, [b, h]),
-            ar.t(&a, [h]),
-            ar.t(&bm, [b, g, n]),
-            ar.t(&cm, [b, g, n]),
-            ar.t(&d, [h]),
-            pl,
-            &slots(ar, &rows),
+    for dt_min in [None, Some(0.04)] {
+        let run = |ar: &Arm| {
+            let pl = ops::contiguous(ar.f32(&pool, [s, h, p, n]));
+            let before = pl.clone();
+            let (y, pl) = ops::ssm_step(
+                ar.t(&xbc, [b, width]),
+                ar.t(&dt, [b, h]),
+                ar.t(&dt_bias, [h]),
+                ar.t(&a, [h]),
+                ar.t(&d, [h]),
+                pl,
+                &slots(ar, &rows),
+                dims,
+                dt_min,
+            );
+            (host(y), host(pl), host(before))
+        };
+        let ((gy, gp, gbefore), (ry, rp, _)) = (run(arm), run(&href));
+        close(
+            &format!("ssm_step y (dt_min {dt_min:?})"),
+            &gy,
+            &ry,
+            arm.band.scan,
         );
-        (host(y), host(pl), host(before))
-    };
-    let ((gy, gp, gbefore), (ry, rp, _)) = (run(arm), run(&href));
-    close("ssm_step y", &gy, &ry, arm.band.scan);
-    assert!(
-        gy[h * p..2 * h * p].iter().all(|&v| v == 0.0),
-        "ssm_step: a pad row is not zero"
-    );
-    close("ssm_step pool", &gp, &rp, arm.band.scan);
-    close("ssm_step pool written in place", &gbefore, &gp, 0.0);
+        assert!(
+            gy[h * p..2 * h * p].iter().all(|&v| v == 0.0),
+            "ssm_step: a pad row is not zero"
+        );
+        close(
+            &format!("ssm_step pool (dt_min {dt_min:?})"),
+            &gp,
+            &rp,
+            arm.band.scan,
+        );
+        close("ssm_step pool written in place", &gbefore, &gp, 0.0);
+    }
 }
 
 pub fn attention_step_matches(arm: &Arm) {

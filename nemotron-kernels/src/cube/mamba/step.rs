@@ -5,12 +5,14 @@
 //! - conv step: one unit per `(b, c)`: `y = silu(bias + Σ_k<K-1 w[c,k]·S[k] + w[c,K-1]·x)`, then
 //!   `S ← (S[1..], x)`.
 //! - SSM step: a cube per `(b, h, 8 rows of p)`, [`SSM_LANES`] lanes striding over the state
-//!   dimension `n` (coalesced): `S[n] ← exp(dt·A)·S[n] + dt·x·B[n]`, `y = Σ_n S[n]·C[n] + D·x`
-//!   (lanes reduced through shared memory).
+//!   dimension `n` (coalesced): `dt = softplus(dt_raw + dt_bias)` (floored, rounded to `F` as the
+//!   separate op stores it), `S[n] ← exp(dt·A)·S[n] + dt·x·B[n]`, `y = Σ_n S[n]·C[n] + D·x`
+//!   (lanes reduced by warp shuffle on CUDA, through shared memory elsewhere); `x`, `B`, `C` are
+//!   read in place from the conv step's `[B, H·P + 2·G·N]` output (no slicing copies).
 
 use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float};
 use crate::cube::reduce::{lane_sum, plane_reduce};
-use crate::Maybe;
+use crate::{Maybe, ScanDims};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
@@ -115,11 +117,10 @@ pub fn conv_launch<R: CubeRuntime>(
 
 #[cube(launch)]
 pub fn ssm_step_kernel<F: Float>(
-    x: &[F],
+    xbc: &[F],
     dt: &[F],
+    dt_bias: &[F],
     a: &[F],
-    bm: &[F],
-    cm: &[F],
     d: &[F],
     slots: &[i32],
     pool: &mut [f32],
@@ -128,6 +129,7 @@ pub fn ssm_step_kernel<F: Float>(
     head_dim: u32,
     groups: u32,
     n_state: u32,
+    dt_floor: f32,
     #[comptime] units: usize,
     #[comptime] plane: bool,
 ) {
@@ -137,25 +139,29 @@ pub fn ssm_step_kernel<F: Float>(
         groups as usize,
         n_state as usize,
     );
+    let width = h * p + 2 * g * n;
     let b = CUBE_POS_Z as usize;
     let hh = CUBE_POS_Y as usize;
     let pp = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let slot = slots[b];
     let gg = hh / (h / g);
-    let xi = (b * h + hh) * p + pp;
     let mut acc = 0.0f32;
     let mut xv = 0.0f32;
     if slot >= 0 && pp < p {
-        let dtv = f32::cast_from(dt[b * h + hh]);
+        // As `dt_softplus` computes and stores it.
+        let raw = f32::cast_from(dt[b * h + hh]) + f32::cast_from(dt_bias[hh]);
+        let sp = raw.max(0.0f32) + (-raw.abs()).exp().log1p();
+        let dtv = f32::cast_from(F::cast_from(sp.max(dt_floor)));
         let decay = (dtv * f32::cast_from(a[hh])).exp();
-        xv = f32::cast_from(x[xi]);
+        xv = f32::cast_from(xbc[b * width + hh * p + pp]);
         let row = ((slot as usize * h + hh) * p + pp) * n;
-        let bc = (b * g + gg) * n;
+        let bb = b * width + h * p + gg * n;
+        let cb = bb + g * n;
         let mut nn = UNIT_POS_X as usize;
         while nn < n {
-            let s = decay * pool[row + nn] + dtv * xv * f32::cast_from(bm[bc + nn]);
+            let s = decay * pool[row + nn] + dtv * xv * f32::cast_from(xbc[bb + nn]);
             pool[row + nn] = s;
-            acc += s * f32::cast_from(cm[bc + nn]);
+            acc += s * f32::cast_from(xbc[cb + nn]);
             nn += CUBE_DIM_X as usize;
         }
     }
@@ -165,48 +171,53 @@ pub fn ssm_step_kernel<F: Float>(
         if slot >= 0 {
             out = total + f32::cast_from(d[hh]) * xv;
         }
-        y[xi] = F::cast_from(out);
+        y[(b * h + hh) * p + pp] = F::cast_from(out);
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 pub fn ssm_launch<R: CubeRuntime>(
-    x: CubeTensor<R>,
+    xbc: CubeTensor<R>,
     dt: CubeTensor<R>,
+    dt_bias: CubeTensor<R>,
     a: CubeTensor<R>,
-    b: CubeTensor<R>,
-    c: CubeTensor<R>,
     d: CubeTensor<R>,
     pool: CubeTensor<R>,
     slots: CubeTensor<R>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let x = float_buf(x);
-    let dtype = x.dtype;
+    let xbc = float_buf(xbc);
+    let dtype = xbc.dtype;
     assert_eq!(pool.dtype, DType::F32, "ssm_step: the state pool is f32");
     assert!(
         pool.is_contiguous(),
         "ssm_step: the state pool must be contiguous"
     );
-    let xs = x.meta.shape().clone();
-    let (rows, h, p) = (xs[0], xs[1], xs[2]);
-    let bs = b.meta.shape().clone();
-    let (g, n) = (bs[1], bs[2]);
+    let rows = xbc.meta.shape()[0];
+    let ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    } = dims;
     let same = |t| contiguous_as(t, dtype);
-    let (dt, a, bm, cm, d) = (same(dt), same(a), same(b), same(c), same(d));
+    let (dt, dt_bias, a, d) = (same(dt), same(dt_bias), same(a), same(d));
     let slots = i32_buf(slots);
-    let y = empty(&x, [rows, h, p], dtype);
+    let y = empty(&xbc, [rows, h, p], dtype);
     let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, h as u32, rows as u32);
+    // No floor: one below any softplus value (softplus > 0).
+    let floor = dt_min.unwrap_or(-1.0);
     macro_rules! go {
         ($t:ty) => {
             ssm_step_kernel::launch::<$t, R>(
-                &x.client,
+                &xbc.client,
                 count,
                 CubeDim::new_2d(SSM_LANES, SSM_ROWS),
-                arg(&x),
+                arg(&xbc),
                 arg(&dt),
+                arg(&dt_bias),
                 arg(&a),
-                arg(&bm),
-                arg(&cm),
                 arg(&d),
                 arg(&slots),
                 arg(&pool),
@@ -215,8 +226,9 @@ pub fn ssm_launch<R: CubeRuntime>(
                 p as u32,
                 g as u32,
                 n as u32,
+                floor,
                 (SSM_LANES * SSM_ROWS) as usize,
-                plane_reduce(&x.client, SSM_LANES),
+                plane_reduce(&xbc.client, SSM_LANES),
             )
         };
     }
