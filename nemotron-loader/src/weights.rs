@@ -186,3 +186,65 @@ pub struct ModelWeights {
     pub lm_head: Option<LinearWeight>,
     pub layers: Vec<LayerWeights>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::Nvfp4Activations;
+    use crate::tensor::DType;
+
+    fn tensor(name: &str, dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> HostTensor {
+        HostTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            bytes,
+        }
+    }
+
+    /// Each part of a split NVFP4 / FP8 / dense linear dequantizes to the whole's rows.
+    #[test]
+    fn rows_split_a_linear_into_its_parts() {
+        let (n, k) = (7, 32);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+            .collect();
+        let e = formats::nvfp4_encode(&w, n, k);
+        let (q, ws) = formats::fp8_encode(&w);
+        let dense: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let forms = [
+            LinearWeight::Nvfp4(Nvfp4Weight {
+                out_features: n,
+                in_features: k,
+                packed: tensor("p", DType::U8, vec![n, k / 2], e.packed),
+                block_scales: tensor("s", DType::F8E4M3, vec![n, k / 16], e.block_scales),
+                weight_scale_2: e.weight_scale_2,
+                input_scale: None,
+                activations: Nvfp4Activations::W4A16,
+            }),
+            LinearWeight::Fp8(Fp8Weight {
+                out_features: n,
+                in_features: k,
+                weight: tensor("w", DType::F8E4M3, vec![n, k], q),
+                weight_scale: ws,
+                input_scale: 0.5,
+            }),
+            LinearWeight::Dense(tensor("d", DType::F32, vec![n, k], dense)),
+        ];
+        for whole in forms {
+            let mut want = vec![0f32; k];
+            let mut got = vec![0f32; k];
+            for r in [0..2, 2..6, 6..7] {
+                let part = whole.rows(r.clone()).expect("in bounds");
+                assert_eq!(part.out_features(), r.len());
+                assert_eq!(part.form(), whole.form());
+                for (i, row) in r.clone().enumerate() {
+                    whole.dequant_row(row, &mut want);
+                    part.dequant_row(i, &mut got);
+                    assert_eq!(got, want, "{:?} rows {r:?}, row {row}", whole.form());
+                }
+            }
+            assert!(whole.rows(5..8).is_none(), "past the end is refused");
+        }
+    }
+}
