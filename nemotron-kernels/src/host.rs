@@ -412,6 +412,14 @@ macro_rules! host_backend {
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 <$b as FloatTensorOps<$b>>::float_matmul(a, b)
             }
+            fn dense_linear(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: burn::backend::tensor::FloatTensor<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                // Host tensors are f32: `x · wᵀ` as a plain matmul.
+                let wt = <$b as FloatTensorOps<$b>>::float_transpose(w);
+                <$b as FloatTensorOps<$b>>::float_matmul(x, wt)
+            }
             fn nvfp4_linear(
                 x: burn::backend::tensor::FloatTensor<Self>,
                 w: Nvfp4Weights<Self>,

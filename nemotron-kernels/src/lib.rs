@@ -184,6 +184,12 @@ pub trait NemotronOps: Backend {
     /// linears, the router, attention) go through it so every arm computes the same math.
     fn matmul(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 
+    /// A dense linear `y = x · wᵀ` for `x [M, K]` and `w [N, K]` (the checkpoint's `[out, in]`
+    /// layout, rows contiguous: what a GEMV streams), accumulated in f32; `x` is read in its own
+    /// dtype, `y` comes out in `w`'s (an f32 router over bf16 activations gives f32 logits
+    /// without a cast launch).
+    fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
+
     /// NVFP4 weight-only linear `y[r, n] = epi(gs · Σ_b s[n, b] · Σ_j E2M1[n, 16b + j] ·
     /// x[row(r), 16b + j])` over `x [R, in]`, the rows as [`Rows`] says; `y`: `[rows, out]`.
     fn nvfp4_linear(

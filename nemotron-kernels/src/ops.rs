@@ -111,6 +111,20 @@ pub fn mm(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     matmul(x.unsqueeze::<3>(), w.unsqueeze::<3>()).squeeze_dim(0)
 }
 
+/// `y = x · wᵀ` for a dense `w` `[out, in]` (see [`NemotronOps::dense_linear`]); `y` in `w`'s
+/// dtype.
+pub fn dense_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
+    let ([_, k], [_, kw]) = (x.dims(), w.dims());
+    assert_eq!(
+        k, kw,
+        "dense_linear: x has {k} columns, the weight {kw} inputs"
+    );
+    out(<D as NemotronOps>::dense_linear(
+        x.into_dispatch(),
+        w.into_dispatch(),
+    ))
+}
+
 fn check_rows(op: &str, x: &Tensor<2>, shape: StackShape, experts: Option<&Tensor<1, Int>>) {
     let [_, k] = x.dims();
     assert_eq!(

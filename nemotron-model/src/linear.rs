@@ -1,6 +1,6 @@
 //! One linear type for every weight form: dense, NVFP4 (packed) and FP8 (W8A8 static).
 
-use crate::util::{float_transposed, from_vec, transpose};
+use crate::util::{float, from_vec};
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, Tensor};
 use nemotron_kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
@@ -9,7 +9,7 @@ use nemotron_loader::LinearWeight;
 /// `y = epi(x · Wᵀ)` in whichever form the checkpoint shipped `W`.
 #[derive(Debug, Clone)]
 pub enum Linear {
-    /// Stored transposed, `[in, out]`, for a plain matmul.
+    /// `[out, in]` as shipped: rows contiguous, what the decode GEMV streams.
     Dense(Tensor<2>),
     Nvfp4(Nvfp4Weights<Dispatch>),
     Fp8(Fp8Weights<Dispatch>),
@@ -19,7 +19,7 @@ impl Linear {
     /// Moves a loaded weight onto the device in the same form (dense weights in `dtype`).
     pub fn from_weight(w: LinearWeight, dev: &Device, dtype: DType) -> Self {
         match w {
-            LinearWeight::Dense(t) => Linear::Dense(float_transposed(&t, dev, dtype)),
+            LinearWeight::Dense(t) => Linear::Dense(float::<2>(&t, dev, dtype)),
             LinearWeight::Nvfp4(n) => Linear::Nvfp4(Nvfp4Weights::upload(&[nvfp4_matrix(n)], dev)),
             LinearWeight::Fp8(f) => Linear::Fp8(Fp8Weights::upload(&[fp8_matrix(f)], dev)),
         }
@@ -40,17 +40,12 @@ impl Linear {
                 row,
             );
         }
-        Linear::Dense(from_vec(
-            transpose(&v, f.out_features, k),
-            [k, f.out_features],
-            dev,
-            dtype,
-        ))
+        Linear::Dense(from_vec(v, [f.out_features, k], dev, dtype))
     }
 
     pub fn in_features(&self) -> usize {
         match self {
-            Linear::Dense(w) => w.dims()[0],
+            Linear::Dense(w) => w.dims()[1],
             Linear::Nvfp4(w) => w.shape.in_features,
             Linear::Fp8(w) => w.shape.in_features,
         }
@@ -58,7 +53,7 @@ impl Linear {
 
     pub fn out_features(&self) -> usize {
         match self {
-            Linear::Dense(w) => w.dims()[1],
+            Linear::Dense(w) => w.dims()[0],
             Linear::Nvfp4(w) => w.shape.out_features,
             Linear::Fp8(w) => w.shape.out_features,
         }
@@ -72,7 +67,7 @@ impl Linear {
         let x2: Tensor<2> = x.reshape([rows, k]);
         let y = match self {
             Linear::Dense(w) => {
-                let y = ops::mm(x2, w.clone());
+                let y = ops::dense_linear(x2, w.clone());
                 match epi {
                     Epilogue::None => y,
                     Epilogue::Relu2 => ops::relu2(y),

@@ -5,7 +5,7 @@ use crate::cache::SequenceState;
 use crate::error::ModelError;
 use crate::linear::Linear;
 use crate::norm::RmsNorm;
-use crate::util::{float, float_transposed};
+use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::Epilogue;
@@ -96,7 +96,7 @@ impl NemotronH {
         };
         let lm_head = match weights.lm_head {
             Some(w) => Linear::from_weight(w, dev, dtype),
-            None => Linear::Dense(float_transposed(&weights.embeddings, dev, dtype)),
+            None => Linear::Dense(embeddings.clone()),
         };
         let layers = weights
             .layers

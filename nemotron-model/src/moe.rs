@@ -9,7 +9,7 @@
 
 use crate::linear::{fp8_matrix, nvfp4_matrix};
 use crate::mlp::Mlp;
-use crate::util::{float_transposed, from_f32, to_f32};
+use crate::util::{float, float_transposed, from_f32, to_f32};
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue, Fp8Weights, Nvfp4Weights, RouteConfig};
@@ -19,7 +19,8 @@ use nemotron_loader::{LinearWeight as W, MoeWeights};
 #[derive(Debug, Clone)]
 pub struct Moe {
     /// Router, transposed: `[hidden, E]`, f32.
-    router_t: Tensor<2>,
+    /// `[E, hidden]` f32 (logits in f32 whatever the activation dtype).
+    router: Tensor<2>,
     /// `[E]`, f32, added to the scores for selection only.
     correction_bias: Tensor<1>,
     experts: Experts,
@@ -78,7 +79,7 @@ impl Moe {
     ) -> Self {
         Moe {
             // The router runs in f32 whatever the activation dtype.
-            router_t: float_transposed(&w.router, dev, DType::F32),
+            router: float::<2>(&w.router, dev, DType::F32),
             correction_bias: crate::util::float(&w.correction_bias, dev, DType::F32),
             experts: Experts::from_weights(w.experts, dev, dtype),
             shared: w.shared.map(|s| Mlp::from_expert(s, dev, dtype)),
@@ -95,7 +96,7 @@ impl Moe {
 
     /// Routing for `x` `[N, hidden]`: `(indices [N, k], weights [N, k] f32)`.
     pub fn route(&self, x: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
-        let logits = ops::mm(to_f32(x), self.router_t.clone());
+        let logits = ops::dense_linear(x, self.router.clone());
         ops::moe_route(logits, self.correction_bias.clone(), &self.route)
     }
 
@@ -262,7 +263,7 @@ mod tests {
 
     fn moe(experts: Experts, hid: usize, e: usize, groups: usize) -> Moe {
         Moe {
-            router_t: tensor(vals(hid * e, 1, 1.0), [hid, e]),
+            router: tensor(vals(e * hid, 1, 1.0), [e, hid]),
             correction_bias: tensor(vals(e, 2, 0.1), [e]),
             experts,
             shared: None,
@@ -340,8 +341,8 @@ mod tests {
                     up: Tensor::stack(dup.clone(), 0),
                     down: Tensor::stack(ddown.clone(), 0),
                 },
-                per(&|i| Linear::Dense(dup[i].clone()), &|i| {
-                    Linear::Dense(ddown[i].clone())
+                per(&|i| Linear::Dense(dup[i].clone().transpose()), &|i| {
+                    Linear::Dense(ddown[i].clone().transpose())
                 }),
             ),
         ];

@@ -6,11 +6,160 @@
 //! partial sums through shared memory. Reads of `w` are coalesced along the columns; the split
 //! keeps a batch-1 GEMV busy.
 
-use super::buffers::{arg, contiguous_as, empty, with_float};
+//!
+//! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —
+//! the linear kernels' geometry ([`super::linear::dispatch`]): a unit row per 1–4 output rows,
+//! lanes over 4-element chunks of `w`'s rows (16-byte loads for f32 weights), warp-shuffle sums
+//! on CUDA; more rows go through [`matmul_kernel`] over `wᵀ` made contiguous.
+
+use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};
+use super::linear::dispatch::{
+    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
+};
+use super::linear::lane_sum;
+use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
-use burn_cubecl::CubeRuntime;
+use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+
+/// Rows of `x` up to which [`linear_launch`] runs the GEMV (each row re-reads `w`, from L2).
+pub const GEMV_MAX_ROWS: usize = 16;
+
+#[cube(launch_unchecked)]
+pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
+    x: &[Vector<F, NV>],
+    w: &[Vector<W, NV>],
+    y: &mut [W],
+    chunks: u32,
+    n_out: u32,
+    slots: u32,
+    #[comptime] rows: usize,
+    #[comptime] units: usize,
+    #[comptime] plane: bool,
+) {
+    let m = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if m >= slots as usize {
+        terminate!();
+    }
+    let (chunks, n_out) = (chunks as usize, n_out as usize);
+    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let mut acc = Array::<f32>::new(rows);
+    #[unroll]
+    for r in 0..rows {
+        acc[r] = 0.0f32;
+    }
+    let mut c = UNIT_POS_X as usize;
+    while c < chunks {
+        let xv = x[m * chunks + c];
+        let (x0, x1, x2, x3) = (
+            f32::cast_from(xv.extract(0)),
+            f32::cast_from(xv.extract(1)),
+            f32::cast_from(xv.extract(2)),
+            f32::cast_from(xv.extract(3)),
+        );
+        #[unroll]
+        for r in 0..rows {
+            let n = n0 + r;
+            if n < n_out {
+                let wv = w[n * chunks + c];
+                acc[r] += x0 * f32::cast_from(wv.extract(0))
+                    + x1 * f32::cast_from(wv.extract(1))
+                    + x2 * f32::cast_from(wv.extract(2))
+                    + x3 * f32::cast_from(wv.extract(3));
+            }
+        }
+        c += CUBE_DIM_X as usize;
+    }
+    #[unroll]
+    for r in 0..rows {
+        let total = lane_sum(acc[r], units, plane);
+        let n = n0 + r;
+        if UNIT_POS_X == 0 && n < n_out {
+            y[m * n_out + n] = W::cast_from(total);
+        }
+    }
+}
+
+/// `x · wᵀ` for `x [M, K]`, `w [N, K]`, in `w`'s dtype.
+pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> CubeTensor<R> {
+    let wd = match w.dtype {
+        DType::F32 | DType::BF16 | DType::F16 => w.dtype,
+        _ => DType::F32,
+    };
+    let w = contiguous_as(w, wd);
+    let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
+    let n = w.meta.shape()[0];
+    if m > GEMV_MAX_ROWS || k % 4 != 0 {
+        type B<R> = CubeBackend<R>;
+        let wt = <B<R> as FloatTensorOps<B<R>>>::float_swap_dims(w, 0, 1);
+        let wt = <B<R> as FloatTensorOps<B<R>>>::float_reshape(wt, [1, k, n].into());
+        let x =
+            <B<R> as FloatTensorOps<B<R>>>::float_reshape(contiguous_as(x, wd), [1, m, k].into());
+        let c = launch(x, wt);
+        return <B<R> as FloatTensorOps<B<R>>>::float_reshape(c, [m, n].into());
+    }
+    let x = float_buf(x);
+    let y = empty(&x, [m, n], wd);
+    let r = rows_per_unit_row(n, m);
+    let plane = plane_reduce(&x.client, GEMV_LANES);
+    let g = Gemv {
+        k,
+        n,
+        m,
+        rows: r,
+        plane,
+    };
+    macro_rules! pick {
+        ($f:ty) => {
+            match wd {
+                DType::BF16 => g.go::<$f, burn::tensor::bf16, R>(&x, &w, &y),
+                DType::F16 => g.go::<$f, burn::tensor::f16, R>(&x, &w, &y),
+                _ => g.go::<$f, f32, R>(&x, &w, &y),
+            }
+        };
+    }
+    with_float!(x.dtype, pick);
+    y
+}
+
+/// One dense GEMV launch's sizes.
+struct Gemv {
+    k: usize,
+    n: usize,
+    m: usize,
+    rows: usize,
+    plane: bool,
+}
+
+impl Gemv {
+    fn go<F: Float, W: Float, R: CubeRuntime>(
+        &self,
+        x: &CubeTensor<R>,
+        w: &CubeTensor<R>,
+        y: &CubeTensor<R>,
+    ) {
+        // Safety: `k % 4 == 0` makes every row whole 4-vectors; rows ≥ `n` and slots ≥ `m` are
+        // skipped.
+        unsafe {
+            dense_gemv_kernel::launch_unchecked::<F, W, R>(
+                &x.client,
+                gemv_count(self.n, self.m, self.rows),
+                gemv_dim(),
+                4,
+                arg(x),
+                arg(w),
+                arg(y),
+                (self.k / 4) as u32,
+                self.n as u32,
+                self.m as u32,
+                self.rows,
+                GEMV_UNITS,
+                self.plane,
+            )
+        }
+    }
+}
 
 /// Columns per cube.
 pub const MATMUL_COLS: u32 = 32;

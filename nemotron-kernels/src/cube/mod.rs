@@ -39,6 +39,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         matmul::launch(a, b)
     }
 
+    fn dense_linear(x: T<R>, w: T<R>) -> T<R> {
+        matmul::linear_launch(x, w)
+    }
+
     fn nvfp4_linear(x: T<R>, w: Nvfp4Weights<Self>, rows: Rows<Self>, epi: Epilogue) -> T<R> {
         linear::nvfp4::launch(x, w, rows, epi)
     }

@@ -209,6 +209,7 @@ arms! {
     causal_conv1d => mamba::conv_matches,
     selective_scan => mamba::scan_matches,
     matmul => matmul::matmul_matches,
+    dense_linear => matmul::dense_linear_matches,
     conv_step => slots::conv_step_matches,
     ssm_step => slots::ssm_step_matches,
     attention_step => slots::attention_step_matches,

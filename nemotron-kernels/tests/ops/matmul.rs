@@ -23,3 +23,45 @@ pub fn matmul_matches(arm: &Arm) {
         );
     }
 }
+
+/// The dense linear `x · wᵀ`: the GEMV (1, 2 and 4 output rows per unit row, an f32 weight over
+/// the arm's activations as the router has it) and the matmul fallback (many rows, `K % 4 ≠ 0`).
+pub fn dense_linear_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(15, arm));
+    for (m, k, n, f32_weight) in [
+        (1, 2688, 128, true),
+        (3, 64, 40, false),
+        (1, 32, 4300, false),
+        (2, 16, 8500, true),
+        (20, 48, 24, false),
+        (2, 6, 10, false),
+    ] {
+        let x = rng.vec(m * k, 1.0);
+        let w = rng.vec(n * k, 1.0);
+        let run = |a: &Arm| {
+            let wt = if f32_weight {
+                a.f32(&w, [n, k])
+            } else {
+                a.t(&w, [n, k])
+            };
+            let y = ops::dense_linear(a.t(&x, [m, k]), wt);
+            let want = if f32_weight {
+                burn::tensor::DType::F32
+            } else {
+                a.dtype
+            };
+            assert_eq!(
+                y.dtype(),
+                want,
+                "dense_linear: output in the weight's dtype"
+            );
+            host(y)
+        };
+        close(
+            &format!("dense_linear {m}×{k}·({n}×{k})ᵀ f32 weight {f32_weight}"),
+            &run(arm),
+            &run(&href),
+            arm.band.lin,
+        );
+    }
+}
