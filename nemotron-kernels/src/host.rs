@@ -208,6 +208,17 @@ fn add_rms_norm<F: HostPrimitive>(x: F, y: F, weight: F, eps: f64) -> (F, F) {
     (from_floats(s, shape.clone()), from_floats(h, shape))
 }
 
+fn moe_combine<F: HostPrimitive>(y: F, w: F, shared: Option<F>) -> F {
+    let (y, yshape) = y.floats();
+    let (w, wshape) = w.floats();
+    let shared = shared.map(|s| s.floats().0);
+    let (k, h) = (wshape[1], yshape[1]);
+    from_floats(
+        reference::moe_combine(&y, &w, shared.as_deref(), k, h),
+        vec![wshape[0], h],
+    )
+}
+
 fn moe_route<F: HostPrimitive, I: HostPrimitive>(logits: F, bias: F, c: RouteConfig) -> (I, F) {
     let (l, shape) = logits.floats();
     let (idx, w) = reference::moe_route(&l, &bias.floats().0, &c);
@@ -455,6 +466,13 @@ macro_rules! host_backend {
                 eps: f64,
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 rms_norm(x, gate.into_option(), weight, groups, eps)
+            }
+            fn moe_combine(
+                y: burn::backend::tensor::FloatTensor<Self>,
+                w: burn::backend::tensor::FloatTensor<Self>,
+                shared: Maybe<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                moe_combine(y, w, shared.into_option())
             }
             fn moe_route(
                 logits: burn::backend::tensor::FloatTensor<Self>,

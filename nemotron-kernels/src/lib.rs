@@ -230,6 +230,16 @@ pub trait NemotronOps: Backend {
         eps: f64,
     ) -> FloatTensor<Self>;
 
+    /// The MoE output for `N` tokens: `y` `[N·k, H]` (the routed experts' outputs, slot `t·k + j`
+    /// for token `t`'s `j`-th expert), `w` `[N, k]` f32 routing weights, the shared expert's
+    /// output `[N, H]` where there is one: `out = (Σ_j w[t,j]·y[t·k+j])` accumulated in f32 and
+    /// rounded to the activation dtype, `+ shared` (rounded again, as a separate add would).
+    fn moe_combine(
+        y: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        #[extension_type] shared: Maybe<Self>,
+    ) -> FloatTensor<Self>;
+
     /// MoE routing from the router's f32 logits `[N, E]` and the selection bias `[E]` (f32):
     /// `s = sigmoid(logits)`; experts are chosen by `s + bias` — with groups, only among the
     /// `topk_group` groups whose two best biased scores sum highest — and weighted by `s`

@@ -258,6 +258,26 @@ pub fn add_rms_norm(
     (out(s), out(n))
 }
 
+/// The MoE output from the routed experts' outputs `y` `[N·k, H]`, the routing weights `w`
+/// `[N, k]` (f32) and the shared expert's output `[N, H]` (see [`NemotronOps::moe_combine`]).
+pub fn moe_combine(y: Tensor<2>, w: Tensor<2>, shared: Option<Tensor<2>>) -> Tensor<2> {
+    let ([s, h], [n, k]) = (y.dims(), w.dims());
+    assert_eq!(
+        s,
+        n * k,
+        "moe_combine: {s} expert rows for {n} tokens × {k}"
+    );
+    if let Some(sh) = &shared {
+        assert_eq!(sh.dims(), [n, h], "moe_combine: shared expert output shape");
+    }
+    let shared: Maybe<D> = shared.map(|t| t.into_dispatch()).into();
+    out(<D as NemotronOps>::moe_combine(
+        y.into_dispatch(),
+        w.into_dispatch(),
+        shared,
+    ))
+}
+
 /// MoE routing (see [`NemotronOps::moe_route`]): `(indices [N, k], weights [N, k] f32)`.
 pub fn moe_route(
     logits: Tensor<2>,

@@ -564,3 +564,19 @@ pub fn argmax_rows(x: &[f32], cols: usize) -> Vec<i32> {
         })
         .collect()
 }
+
+/// `Σ_j w[t, j] · y[t·k + j, :]` (`+ shared[t, :]`) over `N` tokens of width `h`.
+pub fn moe_combine(y: &[f32], w: &[f32], shared: Option<&[f32]>, k: usize, h: usize) -> Vec<f32> {
+    let n = w.len() / k.max(1);
+    let mut out = vec![0f32; n * h];
+    for t in 0..n {
+        for c in 0..h {
+            let mut acc = 0f32;
+            for j in 0..k {
+                acc += w[t * k + j] * y[(t * k + j) * h + c];
+            }
+            out[t * h + c] = acc + shared.map_or(0.0, |s| s[t * h + c]);
+        }
+    }
+    out
+}

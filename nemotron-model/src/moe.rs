@@ -129,17 +129,19 @@ impl Moe {
             }
             Experts::PerExpert(_) => None,
         };
-        // The routed sum accumulates in f32 (as HF does), then returns to the activation dtype.
+        // The routed sum accumulates in f32 (as HF does), returns to the activation dtype, then
+        // the shared expert is added: one launch for the stacked forms.
+        let shared = self.shared.as_ref().map(|s| s.forward(x.clone()));
         let out = match routed {
-            Some(y) => (to_f32(y).reshape([n, k, hid]) * w.unsqueeze_dim::<3>(2))
-                .sum_dim(1)
-                .reshape([n, hid]),
-            None => self.per_expert(x.clone(), idx, w),
+            Some(y) => ops::moe_combine(y, w, shared),
+            None => {
+                let out = from_f32(self.per_expert(x.clone(), idx, w), dtype);
+                match shared {
+                    Some(s) => out + s,
+                    None => out,
+                }
+            }
         };
-        let mut out = from_f32(out, dtype);
-        if let Some(s) = &self.shared {
-            out = out + s.forward(x);
-        }
         out.reshape([b, t, hid])
     }
 

@@ -7,7 +7,7 @@
 //! | linear | [`linear`] (`nvfp4`, `fp8`, `dispatch`) | NVFP4 / FP8 W8A8 linears, plain or routed experts, fused epilogue |
 //! | Mamba2 | [`mamba`] (`conv`, `softplus`, `scan`) | causal conv, `softplus(dt + bias)`, selective scan |
 //! | norm | [`norm`] | (gated) group RMSNorm |
-//! | routing | [`route`] | MoE sigmoid top-k routing |
+//! | routing | [`route`] | MoE sigmoid top-k routing, the weighted combine of the experts' outputs |
 //! | matmul | [`matmul`] | exact-f32-accumulation batched matmul |
 //! | attention | [`attention`] (`decode`) | GQA decode attention over slot KV caches |
 //! | slots | [`slots`], [`mamba::step`] | decode over state slots: conv / SSM steps in place, lengths, slot writes |
@@ -57,6 +57,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
 
     fn add_rms_norm(x: T<R>, y: T<R>, weight: T<R>, eps: f64) -> (T<R>, T<R>) {
         norm::add_launch(x, y, weight, eps)
+    }
+
+    fn moe_combine(y: T<R>, w: T<R>, shared: Maybe<Self>) -> T<R> {
+        route::combine_launch(y, w, shared)
     }
 
     fn moe_route(logits: T<R>, bias: T<R>, config: RouteConfig) -> (T<R>, T<R>) {

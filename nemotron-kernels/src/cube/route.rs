@@ -9,10 +9,11 @@
 //! The serial one-unit-per-token kernel this replaces took 259 µs per call at 128 experts, top 6
 //! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k]`.
 
-use super::buffers::{arg, empty, f32_buf, yz};
-use crate::RouteConfig;
+use super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, float_buf, with_float, yz};
+use crate::{Maybe, RouteConfig};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::CubeBackend;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
@@ -212,4 +213,73 @@ pub fn launch<R: CubeRuntime>(
         c.weights_from_biased,
     );
     (idx, w)
+}
+
+/// `out[t, c] = F(F(Σ_j w[t, j] · y[t·k + j, c]) + shared[t, c])` (f32 sum, rounded as the
+/// separate cast and add would); one unit per `(t, c)`.
+#[cube(launch)]
+pub fn moe_combine_kernel<F: Float>(
+    y: &[F],
+    w: &[f32],
+    shared: &[F],
+    out: &mut [F],
+    len: u32,
+    k: u32,
+    h: u32,
+    #[comptime] has_shared: bool,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= len as usize {
+        terminate!();
+    }
+    let (k, h) = (k as usize, h as usize);
+    let (t, c) = (i / h, i % h);
+    let mut acc = 0.0f32;
+    for j in 0..k {
+        acc += w[t * k + j] * f32::cast_from(y[(t * k + j) * h + c]);
+    }
+    let mut v = F::cast_from(acc);
+    if has_shared {
+        v = F::cast_from(f32::cast_from(v) + f32::cast_from(shared[i]));
+    }
+    out[i] = v;
+}
+
+pub fn combine_launch<R: CubeRuntime>(
+    y: CubeTensor<R>,
+    w: CubeTensor<R>,
+    shared: Maybe<CubeBackend<R>>,
+) -> CubeTensor<R> {
+    let y = float_buf(y);
+    let dtype = y.dtype;
+    let w = f32_buf(w);
+    let h = y.meta.shape()[1];
+    let (n, k) = (w.meta.shape()[0], w.meta.shape()[1]);
+    let shared = shared.into_option().map(|s| contiguous_as(s, dtype));
+    let out = empty(&y, [n, h], dtype);
+    let len = n * h;
+    if len == 0 {
+        return out;
+    }
+    let (count, dim) = elemwise(len);
+    let sh = shared.as_ref().unwrap_or(&y);
+    macro_rules! go {
+        ($t:ty) => {
+            moe_combine_kernel::launch::<$t, R>(
+                &y.client,
+                count,
+                dim,
+                arg(&y),
+                arg(&w),
+                arg(sh),
+                arg(&out),
+                len as u32,
+                k as u32,
+                h as u32,
+                shared.is_some(),
+            )
+        };
+    }
+    with_float!(dtype, go);
+    out
 }

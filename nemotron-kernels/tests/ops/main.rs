@@ -205,6 +205,7 @@ arms! {
     rms_norm => norm::rms_norm_matches,
     add_rms_norm => norm::add_rms_norm_matches,
     moe_route => route::moe_route_matches,
+    moe_combine => route::moe_combine_matches,
     dt_softplus => mamba::dt_softplus_matches,
     causal_conv1d => mamba::conv_matches,
     selective_scan => mamba::scan_matches,

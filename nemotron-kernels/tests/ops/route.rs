@@ -48,3 +48,27 @@ pub fn moe_route_matches(arm: &Arm) {
         close(&name, &gw, &rw, 1e-5);
     }
 }
+
+/// The weighted combine of the routed experts' outputs, with and without a shared expert.
+pub fn moe_combine_matches(arm: &Arm) {
+    let href = Arm::host();
+    let mut rng = Rng::new(18, arm);
+    for (n, k, h, shared) in [(3, 6, 2688, true), (5, 2, 100, false), (1, 22, 64, true)] {
+        let y = rng.vec(n * k * h, 1.0);
+        let w: Vec<f32> = rng.vec(n * k, 1.0).iter().map(|v| v.abs()).collect();
+        let s = rng.vec(n * h, 1.0);
+        let run = |a: &Arm| {
+            host(ops::moe_combine(
+                a.t(&y, [n * k, h]),
+                a.f32(&w, [n, k]),
+                shared.then(|| a.t(&s, [n, h])),
+            ))
+        };
+        close(
+            &format!("moe_combine {n}×{k}×{h} shared {shared}"),
+            &run(arm),
+            &run(&href),
+            arm.band.lin,
+        );
+    }
+}
