@@ -85,6 +85,42 @@ pub fn fp8_linear_kernel<F: Float>(
 /// Activations the vector kernel quantizes into shared memory per cube (f32 each: 48 KiB).
 const MAX_SHARED_K: usize = 12_288;
 
+/// One 16-activation chunk `c` of the quantized row against the matching 16-byte chunk of each
+/// of the unit row's `rows` rows, into `acc` (weights read as value · 2^-8).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn fp8_chunk<NW: Size>(
+    xq: &Shared<[f32]>,
+    weight: &[Vector<u32, NW>],
+    acc: &mut Array<f32>,
+    c: usize,
+    chunks: usize,
+    e: usize,
+    n0: usize,
+    n_out: usize,
+    #[comptime] rows: usize,
+) {
+    let mut xs = Array::<f32>::new(16usize);
+    #[unroll]
+    for j in 0..16usize {
+        xs[j] = xq[c * 16 + j];
+    }
+    #[unroll]
+    for r in 0..rows {
+        let wv = weight[(e * n_out + (n0 + r).min(n_out - 1)) * chunks + c];
+        let mut p = 0.0f32;
+        #[unroll]
+        for w in 0..4usize {
+            let word = wv.extract(w);
+            p += e4m3_scaled(word, 0u32) * xs[w * 4];
+            p += e4m3_scaled(word, 1u32) * xs[w * 4 + 1];
+            p += e4m3_scaled(word, 2u32) * xs[w * 4 + 2];
+            p += e4m3_scaled(word, 3u32) * xs[w * 4 + 3];
+        }
+        acc[r] += p;
+    }
+}
+
 /// The vector GEMV (see [`super::dispatch`]): the cube quantizes its activation row once into
 /// shared memory; a lane dots 16-activation chunks with the matching 16-byte weight chunk of each
 /// of its `rows` rows.
@@ -134,31 +170,17 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     for r in 0..rows {
         acc[r] = 0.0f32;
     }
-    let mut xs = Array::<f32>::new(16usize);
+    // Two chunks per step: their loads issue together (no branch between them: rows past
+    // `n_out` read the last row and are never written).
+    let step = CUBE_DIM_X as usize;
     let mut c = UNIT_POS_X as usize;
-    while c < chunks {
-        #[unroll]
-        for j in 0..16usize {
-            xs[j] = xq[c * 16 + j];
-        }
-        #[unroll]
-        for r in 0..rows {
-            let n = n0 + r;
-            if n < n_out {
-                let wv = weight[(e * n_out + n) * chunks + c];
-                let mut p = 0.0f32;
-                #[unroll]
-                for w in 0..4usize {
-                    let word = wv.extract(w);
-                    p += e4m3_scaled(word, 0u32) * xs[w * 4];
-                    p += e4m3_scaled(word, 1u32) * xs[w * 4 + 1];
-                    p += e4m3_scaled(word, 2u32) * xs[w * 4 + 2];
-                    p += e4m3_scaled(word, 3u32) * xs[w * 4 + 3];
-                }
-                acc[r] += p;
-            }
-        }
-        c += CUBE_DIM_X as usize;
+    while c + step < chunks {
+        fp8_chunk(&xq, weight, &mut acc, c, chunks, e, n0, n_out, rows);
+        fp8_chunk(&xq, weight, &mut acc, c + step, chunks, e, n0, n_out, rows);
+        c += 2 * step;
+    }
+    if c < chunks {
+        fp8_chunk(&xq, weight, &mut acc, c, chunks, e, n0, n_out, rows);
     }
     // The weights were read as value · 2^-8.
     let scale = input_scale * weight_scales[e] * 256.0f32;

@@ -101,6 +101,48 @@ fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
     p
 }
 
+/// One 32-element chunk `c` of the activation row against the matching 16-byte chunk of each of
+/// the unit row's `rows` rows, into `acc` (codes read as value / 4).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn nvfp4_chunk<F: Float, NX: Size, NW: Size>(
+    x: &[Vector<F, NX>],
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    acc: &mut Array<f32>,
+    c: usize,
+    xrow: usize,
+    k: usize,
+    e: usize,
+    n0: usize,
+    n_out: usize,
+    #[comptime] rows: usize,
+) {
+    let (chunks, nb) = (k / 32, k / 16);
+    let mut xs = Array::<f32>::new(32usize);
+    // 32 activations = 8 vectors of 4.
+    let xb = (xrow * k + c * 32) / 4;
+    #[unroll]
+    for v in 0..8usize {
+        let xv = x[xb + v];
+        #[unroll]
+        for j in 0..4usize {
+            xs[v * 4 + j] = f32::cast_from(xv.extract(j));
+        }
+    }
+    #[unroll]
+    for r in 0..rows {
+        let row = e * n_out + (n0 + r).min(n_out - 1);
+        let wv = packed[row * chunks + c];
+        // The chunk's two scale bytes: an even byte offset, so one half of a word.
+        let si = row * nb + c * 2;
+        let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
+        let p0 = word_dot(wv.extract(0), &xs, 0usize) + word_dot(wv.extract(1), &xs, 8usize);
+        let p1 = word_dot(wv.extract(2), &xs, 16usize) + word_dot(wv.extract(3), &xs, 24usize);
+        acc[r] += p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
+    }
+}
+
 /// The vector GEMV (see [`super::dispatch`]): unit row `u` of cube `c` owns output rows
 /// `(c · 8 + u) · rows ..+ rows`; a lane loads a 32-element activation chunk into registers once
 /// and dots it with the matching 16-byte chunk (2 blocks) of each of its rows.
@@ -134,42 +176,23 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
         e = experts[slot] as usize;
         xrow = slot / div as usize;
     }
-    let (chunks, nb) = (k / 32, k / 16);
+    let chunks = k / 32;
     let mut acc = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {
         acc[r] = 0.0f32;
     }
-    let mut xs = Array::<f32>::new(32usize);
+    // Two chunks per step: their loads issue together (no branch between them: rows past
+    // `n_out` read the last row and are never written).
+    let step = CUBE_DIM_X as usize;
     let mut c = UNIT_POS_X as usize;
-    while c < chunks {
-        // 32 activations = 8 vectors of 4.
-        let xb = (xrow * k + c * 32) / 4;
-        #[unroll]
-        for v in 0..8usize {
-            let xv = x[xb + v];
-            #[unroll]
-            for j in 0..4usize {
-                xs[v * 4 + j] = f32::cast_from(xv.extract(j));
-            }
-        }
-        #[unroll]
-        for r in 0..rows {
-            let n = n0 + r;
-            if n < n_out {
-                let row = e * n_out + n;
-                let wv = packed[row * chunks + c];
-                // The chunk's two scale bytes: an even byte offset, so one half of a word.
-                let si = row * nb + c * 2;
-                let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
-                let p0 =
-                    word_dot(wv.extract(0), &xs, 0usize) + word_dot(wv.extract(1), &xs, 8usize);
-                let p1 =
-                    word_dot(wv.extract(2), &xs, 16usize) + word_dot(wv.extract(3), &xs, 24usize);
-                acc[r] += p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
-            }
-        }
-        c += CUBE_DIM_X as usize;
+    while c + step < chunks {
+        nvfp4_chunk(x, packed, scales, &mut acc, c, xrow, k, e, n0, n_out, rows);
+        nvfp4_chunk(x, packed, scales, &mut acc, c + step, xrow, k, e, n0, n_out, rows);
+        c += 2 * step;
+    }
+    if c < chunks {
+        nvfp4_chunk(x, packed, scales, &mut acc, c, xrow, k, e, n0, n_out, rows);
     }
     // The codes were read as value / 4.
     let g = globals[e] * 4.0f32;
