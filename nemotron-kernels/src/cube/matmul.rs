@@ -38,12 +38,12 @@ pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
     #[comptime] units: usize,
     #[comptime] plane: bool,
 ) {
-    let m = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let m = CUBE_POS_X as usize;
     if m >= slots as usize {
         terminate!();
     }
     let (chunks, n_out) = (chunks as usize, n_out as usize);
-    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let n0 = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
     let mut acc = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {

@@ -29,12 +29,14 @@ pub fn gemv_dim() -> CubeDim {
     CubeDim::new_2d(GEMV_LANES, GEMV_ROWS)
 }
 
-/// Cubes for `n` output rows of `slots` output slots, `rows` per unit row (slots along y,
-/// spilling onto z).
+/// Cubes for `n` output rows of `slots` output slots, `rows` per unit row: slots along x (the
+/// fastest-varying), row blocks along y (spilling onto z). Consecutive cubes are the slots of one
+/// row block, so a weight block is fetched from memory once and the other slots (rows of `x`,
+/// or routed slots of the same expert) find it in L2.
 pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
-    let (y, z) = yz(slots);
     let per_cube = GEMV_ROWS as usize * rows;
-    CubeCount::Static(n.div_ceil(per_cube) as u32, y, z)
+    let (y, z) = yz(n.div_ceil(per_cube));
+    CubeCount::Static(slots.max(1) as u32, y, z)
 }
 
 /// Output rows per unit row of the vector GEMV: 4 (each activation chunk reused four times) unless

@@ -58,11 +58,11 @@ pub fn fp8_linear_kernel<F: Float>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
 ) {
-    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let slot = CUBE_POS_X as usize;
     if slot >= slots as usize {
         terminate!();
     }
-    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let n_out = n_out as usize;
     let mut e = 0usize;
     let mut xrow = slot;
@@ -142,12 +142,12 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
 ) {
-    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let slot = CUBE_POS_X as usize;
     // Whole cubes leave together, so the barrier below stays uniform.
     if slot >= slots as usize {
         terminate!();
     }
-    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let n0 = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
     let n_out = n_out as usize;
     let mut e = 0usize;
     let mut xrow = slot;

@@ -65,11 +65,11 @@ pub fn nvfp4_linear_kernel<F: Float>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
 ) {
-    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let slot = CUBE_POS_X as usize;
     if slot >= slots as usize {
         terminate!();
     }
-    let n = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let n_out = n_out as usize;
     let mut e = 0usize;
     let mut xrow = slot;
@@ -164,11 +164,11 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
 ) {
-    let slot = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let slot = CUBE_POS_X as usize;
     if slot >= slots as usize {
         terminate!();
     }
-    let n0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    let n0 = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
     let (n_out, k) = (n_out as usize, k as usize);
     let mut e = 0usize;
     let mut xrow = slot;
