@@ -801,6 +801,40 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             }),
         });
     }
+    {
+        // Batch 16: 96 routed slots over 128 experts (duplicates, as routing gives them).
+        let (k, nout, tokens) = (2688, 1856, 16);
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
+        let x = act(&mut rng, vec![tokens, k]);
+        let ids: Vec<i32> = (0..tokens * 6)
+            .map(|i| ((i * 7919 + (i / 6) * 31) % 128) as i32)
+            .collect();
+        let uniq = ids.iter().collect::<std::collections::HashSet<_>>().len();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(ids, [tokens * 6]), dev);
+        rows.push(Row {
+            name: format!("NVFP4 experts 96 slots ({uniq} experts) {k}→{nout}"),
+            bytes: uniq as f64 * (nout * k / 2 + nout * k / 16) as f64
+                + esize * (tokens * k + tokens * 6 * nout) as f64,
+            flops: 2.0 * (tokens * 6 * k * nout) as f64,
+            op: Box::new(move || {
+                drop(ops::nvfp4_expert_linear(
+                    x.clone(),
+                    idx.clone(),
+                    6,
+                    &w,
+                    Epilogue::Relu2,
+                ))
+            }),
+        });
+        let w = Fp8Weights::upload(&[fp8(&mut rng, 10304, k)], dev);
+        let x = act(&mut rng, vec![tokens, k]);
+        rows.push(Row {
+            name: format!("FP8 W8A8 {tokens} rows {k}→10304"),
+            bytes: (10304 * k) as f64 + esize * tokens as f64 * (k + 10304) as f64,
+            flops: 2.0 * (tokens * k * 10304) as f64,
+            op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
+        });
+    }
     for (k, nout) in [(2688, 10304), (4096, 2688)] {
         let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
         let x = act(&mut rng, vec![1, k]);

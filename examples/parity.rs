@@ -1,15 +1,17 @@
 //! Writes the logits other tools compare against:
 //!
 //! `cargo run --release --example parity -- --model DIR --prompt-ids 3,5,7 [--force-ids 9,11,13]
-//!  --out FILE.safetensors [--backend flex] [--dtype f32]`
+//!  --out FILE.safetensors [--backend flex] [--dtype f32] [--decode-path ragged|slots]`
 //!
 //! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt) and
 //! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
-//! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache.
+//! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache —
+//! the ragged forward's (`--decode-path ragged`, the default: what `generate` uses) or the
+//! decode engine's fixed state slot (`--decode-path slots`).
 //! Prints the backend and the activation dtype the model runs in. Bad arguments or a bad
 //! checkpoint: one line on stderr and exit 1.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
 use nemotron::model::NemotronH;
 use nemotron::{dtype_name, BackendKind, DType};
@@ -36,6 +38,9 @@ struct Args {
     /// f32 | bf16 (cuda)
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// ragged (the per-sequence cache `generate` uses) | slots (the decode engine's state slot)
+    #[arg(long, default_value = "ragged")]
+    decode_path: String,
 }
 
 struct F32s(Vec<f32>, Vec<usize>);
@@ -107,6 +112,11 @@ fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
     );
 
     let n = a.force_ids.len();
+    let slots = match a.decode_path.as_str() {
+        "ragged" => false,
+        "slots" => true,
+        p => return Err(format!("--decode-path {p:?}: expected ragged or slots")),
+    };
     let mut decode = Vec::with_capacity(n * v);
     if n > 0 {
         let mut s = m.new_state();
@@ -114,10 +124,29 @@ fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
             .forward_one(&a.prompt_ids, &mut s)
             .map_err(|e| e.to_string())?;
         decode.extend(nemotron::model::generate::last_row(first));
-        for &id in &a.force_ids[..n - 1] {
-            decode.extend(host(
-                m.forward_one(&[id], &mut s).map_err(|e| e.to_string())?,
-            ));
+        if slots {
+            let dev = m.device().clone();
+            let mut st = m.new_slots(1, t + n).map_err(|e| e.to_string())?;
+            m.load_slot(&mut st, 0, &s).map_err(|e| e.to_string())?;
+            let slot = Tensor::<1, Int>::from_data(
+                TensorData::new(vec![0i32], [1]),
+                (&dev, burn::tensor::DType::I32),
+            );
+            for &id in &a.force_ids[..n - 1] {
+                let ids = Tensor::<2, Int>::from_data(
+                    TensorData::new(vec![id as i32], [1, 1]),
+                    (&dev, burn::tensor::DType::I32),
+                );
+                let logits = m.decode_slots(&mut st, &ids, &slot);
+                st.note_step(&[0]);
+                decode.extend(host(logits));
+            }
+        } else {
+            for &id in &a.force_ids[..n - 1] {
+                decode.extend(host(
+                    m.forward_one(&[id], &mut s).map_err(|e| e.to_string())?,
+                ));
+            }
         }
     }
     let p = F32s(prefill, vec![t, v]);

@@ -130,3 +130,65 @@ fn a_sequence_longer_than_a_slot_is_refused() {
     let e = m.load_slot(&mut st, 1, &s).unwrap_err().to_string();
     assert!(e.contains('9') && e.contains('8'), "{e}");
 }
+
+/// `parity --decode-path slots` writes the same teacher-forced decode logits as the ragged path
+/// (the default) on the host, within the f32 band; an unknown path is refused by name.
+#[test]
+fn parity_example_decode_paths_agree() {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples/parity"))
+        .unwrap();
+    assert!(
+        bin.exists(),
+        "{} is missing: build the examples first",
+        bin.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |path: &str| -> std::process::Output {
+        std::process::Command::new(&bin)
+            .args(["--prompt-ids", "3,5,7,11,13", "--force-ids", "17,19,23,29"])
+            .args(["--decode-path", path])
+            .arg("--model")
+            .arg(fixture("all_letters"))
+            .arg("--out")
+            .arg(tmp.path().join(format!("{path}.safetensors")))
+            .output()
+            .unwrap()
+    };
+    let logits = |path: &str| -> Vec<f32> {
+        let o = run(path);
+        assert!(
+            o.status.success(),
+            "parity --decode-path {path}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let bytes = std::fs::read(tmp.path().join(format!("{path}.safetensors"))).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("decode_logits").unwrap();
+        assert_eq!(t.shape()[0], 4, "one row per forced id");
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let (ragged, slots) = (logits("ragged"), logits("slots"));
+    let scale = ragged.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = ragged
+        .iter()
+        .zip(&slots)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        d <= 1e-5 * scale,
+        "slots vs ragged: max |Δ| {d} at scale {scale}"
+    );
+    let bad = run("paged");
+    assert!(!bad.status.success(), "an unknown decode path runs");
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--decode-path") && err.contains("paged"),
+        "{err}"
+    );
+}

@@ -66,7 +66,13 @@ pub fn nvfp4_linear_matches(arm: &Arm) {
 pub fn fp8_linear_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(2, arm));
     // `k % 16 == 0` runs the vector GEMV (8500 rows: 4 per unit row), `k = 20` the scalar one.
-    for (m, n, k) in [(1, 50, 64), (9, 24, 256), (3, 10, 20), (1, 8500, 32), (2, 40, 2688)] {
+    for (m, n, k) in [
+        (1, 50, 64),
+        (9, 24, 256),
+        (3, 10, 20),
+        (1, 8500, 32),
+        (2, 40, 2688),
+    ] {
         // Calibrated below the activation amax so some inputs saturate at ±448.
         let w = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
         let x = rng.vec(m * k, 3.0);

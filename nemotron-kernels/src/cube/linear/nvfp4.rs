@@ -188,7 +188,19 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     let mut c = UNIT_POS_X as usize;
     while c + step < chunks {
         nvfp4_chunk(x, packed, scales, &mut acc, c, xrow, k, e, n0, n_out, rows);
-        nvfp4_chunk(x, packed, scales, &mut acc, c + step, xrow, k, e, n0, n_out, rows);
+        nvfp4_chunk(
+            x,
+            packed,
+            scales,
+            &mut acc,
+            c + step,
+            xrow,
+            k,
+            e,
+            n0,
+            n_out,
+            rows,
+        );
         c += 2 * step;
     }
     if c < chunks {
