@@ -34,8 +34,9 @@ const EPILOGUES: [(Epilogue, f32); 2] = [(Epilogue::None, 1.0), (Epilogue::Relu2
 
 pub fn nvfp4_linear_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(1, arm));
-    // `k % 32 == 0` runs the vector GEMV (4211 and 8453 rows: 2 and 4 rows per unit row, with a
-    // ragged tail), `k = 48` the scalar one.
+    // `k % 32 == 0`: one row runs the vector GEMV (4211 and 8453 rows: 2 and 4 rows per unit
+    // row, with a ragged tail), several rows the small-M path (2, 4 or 8 rows of `x` per cube,
+    // with partial cubes); `k = 48` the scalar kernel.
     for (m, n, k) in [
         (1, 96, 64),
         (1, 40, 2688),
@@ -43,6 +44,9 @@ pub fn nvfp4_linear_matches(arm: &Arm) {
         (33, 20, 48),
         (1, 4211, 32),
         (1, 8453, 64),
+        (16, 50, 64),
+        (3, 40, 2688),
+        (19, 9, 32),
     ] {
         let w = [nvfp4_case(&mut rng, n, k)];
         let x = rng.vec(m * k, 1.0);

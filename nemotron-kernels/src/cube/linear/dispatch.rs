@@ -8,6 +8,9 @@
 //!   in registers serves `rows` weight loads, and a warp reads 512 contiguous bytes per load.
 //!   The lanes reduce by warp shuffle where the device's plane is the 32 lanes ([`plane_reduce`]),
 //!   through shared memory elsewhere (lavapipe has no subgroups).
+//! - The **small-M** path of a plain linear over 2+ rows of `x` (batched decode): a cube takes 2,
+//!   4 or 8 rows of `x` ([`small_m_rows`]); each weight chunk is decoded once into registers and
+//!   multiplied into every row, so the decode work does not grow with the batch.
 //! - The **scalar** GEMVs (any size) give a unit row one output row; lanes stride over its
 //!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
@@ -57,6 +60,22 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
         .into_iter()
         .find(|&r| n.div_ceil(GEMV_ROWS as usize * r) * slots >= TARGET_CUBES)
         .unwrap_or(1)
+}
+
+/// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`, nor
+/// above `cap` (what the FP8 kernel's shared activation rows allow).
+pub fn small_m_rows(slots: usize, cap: usize) -> usize {
+    [8, 4, 2]
+        .into_iter()
+        .find(|&m| m <= slots && m <= cap)
+        .unwrap_or(1)
+}
+
+/// Cubes of the small-M path: `mrows` rows of `x` per cube along x, blocks of
+/// [`GEMV_ROWS`] output rows along y (spilling onto z).
+pub fn small_m_count(n: usize, slots: usize, mrows: usize) -> CubeCount {
+    let (y, z) = yz(n.div_ceil(GEMV_ROWS as usize));
+    CubeCount::Static(slots.div_ceil(mrows).max(1) as u32, y, z)
 }
 
 pub use crate::cube::reduce::plane_reduce;

@@ -7,7 +7,8 @@
 //! activations in their storage type `F`, accumulated in f32.
 
 use super::dispatch::{
-    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
+    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows, GEMV_LANES,
+    GEMV_UNITS,
 };
 use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, with_float};
@@ -218,8 +219,90 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// Launches [`nvfp4_gemv_kernel()`] (or [`nvfp4_linear_kernel()`] when `in % 32 != 0`) for
-/// `x [R, in]`.
+/// `wd[base + j] = E2M1[code j of word] / 4 · s` for the word's 8 codes (exact: at most 2 + 4
+/// significant bits).
+#[cube]
+fn decode_word(word: u32, s: f32, wd: &mut Array<f32>, #[comptime] base: usize) {
+    wd[base] = e2m1_quarter(word, 0u32) * s;
+    wd[base + 1] = e2m1_quarter(word, 1u32) * s;
+    wd[base + 2] = e2m1_quarter(word, 2u32) * s;
+    wd[base + 3] = e2m1_quarter(word, 3u32) * s;
+    wd[base + 4] = e2m1_quarter(word, 4u32) * s;
+    wd[base + 5] = e2m1_quarter(word, 5u32) * s;
+    wd[base + 6] = e2m1_quarter(word, 6u32) * s;
+    wd[base + 7] = e2m1_quarter(word, 7u32) * s;
+}
+
+/// The small-M path of a plain linear (2 to 8 rows of `x` per cube, `mrows`): each 16-byte weight
+/// chunk is decoded once into registers and used for every row, so the decode cost does not grow
+/// with the batch. One output row per unit row; cubes along x cover `mrows` rows of `x` each.
+#[cube(launch_unchecked)]
+pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
+    x: &[Vector<F, NX>],
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    globals: &[f32],
+    y: &mut [F],
+    k: u32,
+    n_out: u32,
+    slots: u32,
+    #[comptime] mrows: usize,
+    #[comptime] units: usize,
+    #[comptime] plane: bool,
+    #[comptime] relu2: bool,
+) {
+    let m0 = CUBE_POS_X as usize * mrows;
+    let slots = slots as usize;
+    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    let (n_out, k) = (n_out as usize, k as usize);
+    // Rows past the end compute on the last row and are never written.
+    let row = n.min(n_out - 1);
+    let (chunks, nb) = (k / 32, k / 16);
+    let mut acc = Array::<f32>::new(mrows);
+    #[unroll]
+    for m in 0..mrows {
+        acc[m] = 0.0f32;
+    }
+    let mut wd = Array::<f32>::new(32usize);
+    let mut c = UNIT_POS_X as usize;
+    while c < chunks {
+        let wv = packed[row * chunks + c];
+        let si = row * nb + c * 2;
+        let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
+        let (s0, s1) = (e4m3(sw & 255u32), e4m3((sw >> 8u32) & 255u32));
+        decode_word(wv.extract(0), s0, &mut wd, 0usize);
+        decode_word(wv.extract(1), s0, &mut wd, 8usize);
+        decode_word(wv.extract(2), s1, &mut wd, 16usize);
+        decode_word(wv.extract(3), s1, &mut wd, 24usize);
+        #[unroll]
+        for m in 0..mrows {
+            let xb = ((m0 + m).min(slots - 1) * k + c * 32) / 4;
+            let mut p = 0.0f32;
+            #[unroll]
+            for v in 0..8usize {
+                let xv = x[xb + v];
+                p += wd[v * 4] * f32::cast_from(xv.extract(0))
+                    + wd[v * 4 + 1] * f32::cast_from(xv.extract(1))
+                    + wd[v * 4 + 2] * f32::cast_from(xv.extract(2))
+                    + wd[v * 4 + 3] * f32::cast_from(xv.extract(3));
+            }
+            acc[m] += p;
+        }
+        c += CUBE_DIM_X as usize;
+    }
+    // The codes were read as value / 4.
+    let g = globals[0] * 4.0f32;
+    #[unroll]
+    for m in 0..mrows {
+        let total = lane_sum(acc[m], units, plane);
+        if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
+            y[(m0 + m) * n_out + n] = F::cast_from(epilogue(total * g, relu2));
+        }
+    }
+}
+
+/// Launches [`nvfp4_small_m_kernel()`] (plain, 2+ rows), [`nvfp4_gemv_kernel()`] (one row, or
+/// routed) or [`nvfp4_linear_kernel()`] (`in % 32 != 0`) for `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Nvfp4Weights<CubeBackend<R>>,
@@ -228,6 +311,38 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
+    if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
+        let mrows = small_m_rows(c.slots, usize::MAX);
+        let plane = plane_reduce(&c.x.client, GEMV_LANES);
+        macro_rules! small {
+            ($t:ty) => {
+                // Safety: as below; rows of `x` past `slots` are clamped and never written.
+                unsafe {
+                    nvfp4_small_m_kernel::launch_unchecked::<$t, R>(
+                        &c.x.client,
+                        small_m_count(c.n, c.slots, mrows),
+                        gemv_dim(),
+                        4,
+                        4,
+                        arg(&c.x),
+                        arg(&w.packed),
+                        arg(&w.scales),
+                        arg(&w.globals),
+                        arg(&c.y),
+                        c.k as u32,
+                        c.n as u32,
+                        c.slots as u32,
+                        mrows,
+                        GEMV_UNITS,
+                        plane,
+                        c.relu2,
+                    )
+                }
+            };
+        }
+        with_float!(c.dtype, small);
+        return c.y;
+    }
     if c.k % 32 == 0 {
         let r = rows_per_unit_row(c.n, c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
