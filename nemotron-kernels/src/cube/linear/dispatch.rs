@@ -8,9 +8,12 @@
 //!   in registers serves `rows` weight loads, and a warp reads 512 contiguous bytes per load.
 //!   The lanes reduce by warp shuffle where the device's plane is the 32 lanes ([`plane_reduce`]),
 //!   through shared memory elsewhere (lavapipe has no subgroups).
-//! - The **small-M** path of a plain linear over 2+ rows of `x` (batched decode): a cube takes 2,
-//!   4 or 8 rows of `x` ([`small_m_rows`]); each weight chunk is decoded once into registers and
-//!   multiplied into every row, so the decode work does not grow with the batch.
+//! - The **small-M** path of a plain NVFP4 linear over 2+ rows of `x` (batched decode): a cube
+//!   takes 2, 4 or 8 rows of `x` ([`small_m_rows`]); each weight chunk is decoded once into
+//!   registers and multiplied into every row, so the decode work does not grow with the batch.
+//!   (An FP8 version that quantized its 2-8 activation rows into shared memory in every cube was
+//!   measured slower than the vector GEMV per row on the H200 — 331 µs for 16 × 2688→10304 —
+//!   and was taken out: its prologue repeated per 8 output rows.)
 //! - The **scalar** GEMVs (any size) give a unit row one output row; lanes stride over its
 //!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
@@ -63,7 +66,7 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
 }
 
 /// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`, nor
-/// above `cap` (what the FP8 kernel's shared activation rows allow).
+/// above `cap`.
 pub fn small_m_rows(slots: usize, cap: usize) -> usize {
     [8, 4, 2]
         .into_iter()

@@ -5,8 +5,7 @@
 //! bytes as u32 words (`[E · N, K/4]`, read 4 words = 16 bytes at a time by the vector kernel).
 
 use super::dispatch::{
-    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows, GEMV_LANES,
-    GEMV_UNITS,
+    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
 };
 use super::{e4m3, e4m3_round, e4m3_scaled, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, f32_buf, with_float};
@@ -195,83 +194,8 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     }
 }
 
-/// The small-M path of a plain FP8 linear (2 to 8 rows of `x` per cube, `mrows`): the cube
-/// quantizes its rows into shared memory once; each 16-byte weight chunk is decoded once into
-/// registers and multiplied into every row. One output row per unit row.
-#[cube(launch_unchecked)]
-pub fn fp8_small_m_kernel<F: Float, NW: Size>(
-    x: &[F],
-    weight: &[Vector<u32, NW>],
-    input_scales: &[f32],
-    weight_scales: &[f32],
-    y: &mut [F],
-    n_out: u32,
-    slots: u32,
-    #[comptime] k: usize,
-    #[comptime] mrows: usize,
-    #[comptime] units: usize,
-    #[comptime] plane: bool,
-    #[comptime] relu2: bool,
-) {
-    let m0 = CUBE_POS_X as usize * mrows;
-    let slots = slots as usize;
-    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
-    let n_out = n_out as usize;
-    let input_scale = input_scales[0];
-    let mut xq = Shared::<[f32]>::new_slice(k * mrows);
-    let mut i = UNIT_POS as usize;
-    while i < k * mrows {
-        // Rows past the end quantize the last row again (never written).
-        let xr = (m0 + i / k).min(slots - 1);
-        let v = (f32::cast_from(x[xr * k + i % k]) / input_scale).clamp(-448.0f32, 448.0f32);
-        xq[i] = e4m3_round(v);
-        i += CUBE_DIM as usize;
-    }
-    sync_cube();
-    let chunks = k / 16;
-    let row = n.min(n_out - 1);
-    let mut acc = Array::<f32>::new(mrows);
-    #[unroll]
-    for m in 0..mrows {
-        acc[m] = 0.0f32;
-    }
-    let mut wd = Array::<f32>::new(16usize);
-    let mut c = UNIT_POS_X as usize;
-    while c < chunks {
-        let wv = weight[row * chunks + c];
-        #[unroll]
-        for w in 0..4usize {
-            let word = wv.extract(w);
-            wd[w * 4] = e4m3_scaled(word, 0u32);
-            wd[w * 4 + 1] = e4m3_scaled(word, 1u32);
-            wd[w * 4 + 2] = e4m3_scaled(word, 2u32);
-            wd[w * 4 + 3] = e4m3_scaled(word, 3u32);
-        }
-        #[unroll]
-        for m in 0..mrows {
-            let xb = m * k + c * 16;
-            let mut p = 0.0f32;
-            #[unroll]
-            for j in 0..16usize {
-                p += wd[j] * xq[xb + j];
-            }
-            acc[m] += p;
-        }
-        c += CUBE_DIM_X as usize;
-    }
-    // The weights were read as value · 2^-8.
-    let scale = input_scale * weight_scales[0] * 256.0f32;
-    #[unroll]
-    for m in 0..mrows {
-        let total = lane_sum(acc[m], units, plane);
-        if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
-            y[(m0 + m) * n_out + n] = F::cast_from(epilogue(total * scale, relu2));
-        }
-    }
-}
-
-/// Launches [`fp8_small_m_kernel()`] (plain, 2+ rows), [`fp8_gemv_kernel()`] (one row, or
-/// routed) or [`fp8_linear_kernel()`] (where neither applies) for `x [R, in]`.
+/// Launches [`fp8_gemv_kernel()`] (or [`fp8_linear_kernel()`] where it does not apply) for
+/// `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Fp8Weights<CubeBackend<R>>,
@@ -281,38 +205,6 @@ pub fn launch<R: CubeRuntime>(
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
-    let mrows = small_m_rows(c.slots, MAX_SHARED_K / c.k.max(1));
-    if c.k % 16 == 0 && !c.routed && c.slots >= 2 && mrows >= 2 {
-        let plane = plane_reduce(&c.x.client, GEMV_LANES);
-        macro_rules! small {
-            ($t:ty) => {
-                // Safety: `k % 16 == 0` makes every weight row whole 16-byte chunks; rows of `x`
-                // past `slots` are clamped and never written.
-                unsafe {
-                    fp8_small_m_kernel::launch_unchecked::<$t, R>(
-                        &c.x.client,
-                        small_m_count(c.n, c.slots, mrows),
-                        gemv_dim(),
-                        4,
-                        arg(&c.x),
-                        arg(&w.weight),
-                        arg(&is),
-                        arg(&ws),
-                        arg(&c.y),
-                        c.n as u32,
-                        c.slots as u32,
-                        c.k,
-                        mrows,
-                        GEMV_UNITS,
-                        plane,
-                        c.relu2,
-                    )
-                }
-            };
-        }
-        with_float!(c.dtype, small);
-        return c.y;
-    }
     if c.k % 16 == 0 && c.k <= MAX_SHARED_K {
         let r = rows_per_unit_row(c.n, c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
