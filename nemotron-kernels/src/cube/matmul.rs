@@ -10,7 +10,7 @@
 //! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —
 //! the linear kernels' geometry ([`super::linear::dispatch`]): a unit row per 1–4 output rows,
 //! lanes over 4-element chunks of `w`'s rows (16-byte loads for f32 weights), warp-shuffle sums
-//! on CUDA; more rows go through [`matmul_kernel`] over `wᵀ` made contiguous.
+//! on CUDA; more rows go through [`matmul_kernel()`] over `wᵀ` made contiguous.
 
 use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};
 use super::linear::dispatch::{

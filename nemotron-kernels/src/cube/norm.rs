@@ -2,7 +2,7 @@
 //! f32: `y = w · u · rsqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` or `u = x`.
 //! Also the residual add fused with the next block's (ungrouped, ungated) norm.
 //! Grid: one cube of [`NORM_UNITS`] per `(row, group)`; the units stride over the group's
-//! channels, reduce `Σ u²` ([`block_sum`]: warp shuffles then one shared step on CUDA, a shared
+//! channels, reduce `Σ u²` (`reduce::block_sum`: warp shuffles then one shared step on CUDA, a shared
 //! tree elsewhere), then write. Reads and writes the activation storage type `F`.
 
 use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};

@@ -46,7 +46,7 @@ pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
 }
 
 /// Output rows per unit row of the vector GEMV: 4 (each activation chunk reused four times) unless
-/// that leaves fewer than [`TARGET_CUBES`] cubes, then 2, then 1. `NEMOTRON_GEMV_ROWS=1|2|4` in
+/// that leaves fewer than `TARGET_CUBES` cubes, then 2, then 1. `NEMOTRON_GEMV_ROWS=1|2|4` in
 /// the environment forces one value (a tuning knob for `bench --kernels`; read once).
 pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();

@@ -121,7 +121,7 @@ fn fp8_chunk<NW: Size>(
     }
 }
 
-/// The vector GEMV (see [`super::dispatch`]): the cube quantizes its activation row once into
+/// The vector GEMV (see [`crate::cube::linear::dispatch`]): the cube quantizes its activation row once into
 /// shared memory; a lane dots 16-activation chunks with the matching 16-byte weight chunk of each
 /// of its `rows` rows.
 #[cube(launch_unchecked)]

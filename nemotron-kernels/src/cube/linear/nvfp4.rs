@@ -144,7 +144,7 @@ fn nvfp4_chunk<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// The vector GEMV (see [`super::dispatch`]): unit row `u` of cube `c` owns output rows
+/// The vector GEMV (see [`crate::cube::linear::dispatch`]): unit row `u` of cube `c` owns output rows
 /// `(c · 8 + u) · rows ..+ rows`; a lane loads a 32-element activation chunk into registers once
 /// and dots it with the matching 16-byte chunk (2 blocks) of each of its rows.
 #[cube(launch_unchecked)]
