@@ -14,8 +14,8 @@ use cubecl::prelude::*;
 /// or the empty candidate `bi == none`).
 #[cube]
 fn better(v: f32, i: u32, bv: f32, bi: u32, none: u32) -> bool {
-    let valid = v == v;
-    let empty = bi == none || bv != bv;
+    let valid = !v.is_nan();
+    let empty = bi == none || bv.is_nan();
     valid && (empty || v > bv || (v == bv && i < bi))
 }
 
