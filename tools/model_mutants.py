@@ -33,6 +33,8 @@ muts = [
   "let xb = ((m0 + m).min(slots - 1) * k + c * 32) / 4;", "let xb = (m0.min(slots - 1) * k + c * 32) / 4;", "ops"),
  ("dense GEMV drops a lane of each 4-vector", "nemotron-kernels/src/cube/matmul.rs",
   "+ x3 * f32::cast_from(wv.extract(3));", ";", "ops"),
+ ("generator's slot decode feeds token 0", "nemotron-model/src/generate.rs",
+  "TensorData::new(vec![token as i32], [1, 1]),", "TensorData::new(vec![0i32], [1, 1]),", "generation"),
  ("in_proj split hands dt the last xBC rows", "nemotron-model/src/mamba2.rs",
   "part(i + conv..i + conv + h)", "part(i + conv - h..i + conv)", "hf_parity"),
  ("routed-expert kernel reads expert 0's weights", "nemotron-kernels/src/cube/linear/nvfp4.rs",

@@ -6,7 +6,7 @@ use crate::cache::SequenceState;
 use crate::error::ModelError;
 use crate::model::NemotronH;
 use crate::sampling::{is_plain_greedy, pick, Sampling};
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor, TensorData};
 
 /// What a generation call may do.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +93,16 @@ pub struct Generator<'a> {
     rng: u64,
     max_context: Option<usize>,
     stop: Option<StopReason>,
+    /// Where decode runs after the prefill: a one-slot state of the decode engine (fewer, in-place
+    /// kernels per token), or the ragged forward where slots do not apply.
+    decode: Decode,
+}
+
+/// The decode path of a [`Generator`], chosen after the prefill.
+enum Decode {
+    Unset,
+    Slots(Box<crate::slots::SlotState>),
+    Ragged,
 }
 
 impl<'a> Generator<'a> {
@@ -132,6 +142,7 @@ impl<'a> Generator<'a> {
             next_logits: None,
             max_context,
             stop: None,
+            decode: Decode::Unset,
         })
     }
 
@@ -188,9 +199,7 @@ impl<'a> Generator<'a> {
             Some(l) => pick(&l, &self.opts.sampling, &self.history, &mut self.rng),
             None => {
                 let last = *self.history.last().expect("non-empty");
-                let logits = self
-                    .model
-                    .forward_last(&[&[last]], &mut [&mut self.state])?;
+                let logits = self.decode_one(last)?;
                 if is_plain_greedy(&self.opts.sampling) {
                     // Only the chosen id leaves the device.
                     device_argmax(logits)[0]
@@ -210,6 +219,46 @@ impl<'a> Generator<'a> {
             self.stop = Some(StopReason::Stop(tok));
         }
         Ok(Some(tok))
+    }
+}
+
+impl Generator<'_> {
+    /// The logits after feeding `token`: on the one-slot state (set up from the prefilled state
+    /// on first use, sized for the prompt plus the budget), else on the ragged forward.
+    fn decode_one(&mut self, token: u32) -> Result<Tensor<2>, ModelError> {
+        if matches!(self.decode, Decode::Unset) {
+            let fed = self.prompt.len() + self.opts.max_new_tokens;
+            let cap = self
+                .max_context
+                .map_or(fed, |c| c.min(fed))
+                .max(self.history.len());
+            self.decode = match self.model.new_slots(1, cap) {
+                Ok(mut st) => {
+                    self.model.load_slot(&mut st, 0, &self.state)?;
+                    Decode::Slots(Box::new(st))
+                }
+                // The RoPE deviation has no slot path: the ragged forward serves it.
+                Err(ModelError::Unsupported { .. }) => Decode::Ragged,
+                Err(e) => return Err(e),
+            };
+        }
+        match &mut self.decode {
+            Decode::Slots(st) => {
+                let dev = self.model.device();
+                let ids = Tensor::<2, Int>::from_data(
+                    TensorData::new(vec![token as i32], [1, 1]),
+                    (dev, burn::tensor::DType::I32),
+                );
+                let slot = Tensor::<1, Int>::from_data(
+                    TensorData::new(vec![0i32], [1]),
+                    (dev, burn::tensor::DType::I32),
+                );
+                let logits = self.model.decode_slots(st, &ids, &slot);
+                st.note_step(&[0]);
+                Ok(logits)
+            }
+            _ => self.model.forward_last(&[&[token]], &mut [&mut self.state]),
+        }
     }
 }
 
