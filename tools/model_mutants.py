@@ -14,9 +14,7 @@ muts = [
  # The CubeCL kernels, caught on wgpu (Mesa lavapipe) by the per-op tests.
  ("routing kernel never renormalizes", "nemotron-kernels/src/cube/route.rs",
   "if renorm {\n                v /= sum + 1e-20f32;", "if false && renorm {\n                v /= sum + 1e-20f32;", "ops"),
- ("routing ties go to the higher index", "nemotron-kernels/src/cube/route.rs",
-  "|| (ov == mv && oi < mi)", "|| (ov == mv && oi > mi)", "ops"),
- ("greedy arg-max prefers the higher index on ties", "nemotron-kernels/src/cube/argmax.rs",
+ ("tree arg-max (routing, greedy pick) prefers the higher index on ties", "nemotron-kernels/src/cube/reduce.rs",
   "(v == bv && i < bi)", "(v == bv && i > bi)", "ops"),
  ("add_rms_norm drops the mixer output", "nemotron-kernels/src/cube/norm.rs",
   "f32::cast_from(x[base + c]) + f32::cast_from(y[base + c])", "f32::cast_from(x[base + c])", "ops"),

@@ -5,19 +5,11 @@
 //! 131,072-entry row on the H200, which is why decode has its own.
 
 use super::buffers::{arg, empty, float_buf, with_float};
+use super::reduce::{argmax_tree, better};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
-
-/// `(v, i)` beats `(bv, bi)`: larger, or equal and lower (NaN never beats; anything beats a NaN
-/// or the empty candidate `bi == none`).
-#[cube]
-fn better(v: f32, i: u32, bv: f32, bi: u32, none: u32) -> bool {
-    let valid = !v.is_nan();
-    let empty = bi == none || bv.is_nan();
-    valid && (empty || v > bv || (v == bv && i < bi))
-}
 
 #[cube(launch)]
 pub fn argmax_rows_kernel<F: Float>(x: &[F], out: &mut [i32], cols: u32, #[comptime] units: usize) {
@@ -67,19 +59,7 @@ pub fn argmax_rows_kernel<F: Float>(x: &[F], out: &mut [i32], cols: u32, #[compt
     val[u] = bv;
     ix[u] = bi;
     sync_cube();
-    // A runtime stride (a comptime one cannot be updated).
-    let mut stride = CUBE_DIM as usize / 2;
-    while stride > 0 {
-        if u < stride {
-            let (ov, oi) = (val[u + stride], ix[u + stride]);
-            if better(ov, oi, val[u], ix[u], none) {
-                val[u] = ov;
-                ix[u] = oi;
-            }
-        }
-        sync_cube();
-        stride /= 2;
-    }
+    argmax_tree(&mut val, &mut ix, none);
     if u == 0 {
         // A row of NaN only: index 0, as the reference says.
         let b = ix[0];

@@ -69,3 +69,33 @@ pub(crate) fn block_sum(value: f32, #[comptime] units: usize, #[comptime] plane:
         row_sum(value, units)
     }
 }
+
+/// `(v, i)` beats `(bv, bi)`: larger, or equal and lower (NaN never beats; anything beats a NaN
+/// or the empty candidate `bi == none`).
+#[cube]
+pub(crate) fn better(v: f32, i: u32, bv: f32, bi: u32, none: u32) -> bool {
+    let valid = !v.is_nan();
+    let empty = bi == none || bv.is_nan();
+    valid && (empty || v > bv || (v == bv && i < bi))
+}
+
+/// Tree arg-max over the cube's candidates `(val[u], ix[u])` (one per unit, a power-of-two
+/// cube; `none` = no candidate) by [`better`]: the larger value, the lower index on ties, so the
+/// result equals a serial first-maximum scan. Leaves the winner in slot 0; every unit must call it.
+#[cube]
+pub(crate) fn argmax_tree(val: &mut Shared<[f32]>, ix: &mut Shared<[u32]>, none: u32) {
+    let u = UNIT_POS as usize;
+    // A runtime stride (a comptime one cannot be updated).
+    let mut stride = CUBE_DIM as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let (ov, oi) = (val[u + stride], ix[u + stride]);
+            if better(ov, oi, val[u], ix[u], none) {
+                val[u] = ov;
+                ix[u] = oi;
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+}

@@ -10,32 +10,13 @@
 //! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k]`.
 
 use super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, float_buf, with_float, yz};
+use super::reduce::argmax_tree;
 use crate::{Maybe, RouteConfig};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeBackend;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
-
-/// Tree arg-max over the `units` candidates `(val[u], ix[u])` (`none` = no candidate): the larger
-/// value wins, the lower index on ties. Leaves the winner in slot 0; every unit must call it.
-#[cube]
-fn argmax_tree(val: &mut Shared<[f32]>, ix: &mut Shared<[u32]>, none: u32) {
-    let u = UNIT_POS as usize;
-    let mut stride = CUBE_DIM as usize / 2;
-    while stride > 0 {
-        if u < stride {
-            let (ov, oi) = (val[u + stride], ix[u + stride]);
-            let (mv, mi) = (val[u], ix[u]);
-            if oi != none && (mi == none || ov > mv || (ov == mv && oi < mi)) {
-                val[u] = ov;
-                ix[u] = oi;
-            }
-        }
-        sync_cube();
-        stride /= 2;
-    }
-}
 
 #[cube(launch)]
 pub fn moe_route_kernel(

@@ -51,10 +51,12 @@ pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
 pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
-        std::env::var("NEMOTRON_GEMV_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| [1, 2, 4].contains(r))
+        let v = std::env::var("NEMOTRON_GEMV_ROWS").ok()?;
+        let r = v.parse().ok().filter(|r| [1, 2, 4].contains(r));
+        if r.is_none() {
+            eprintln!("NEMOTRON_GEMV_ROWS={v:?} ignored: expected 1, 2 or 4");
+        }
+        r
     });
     if let Some(r) = *forced {
         return r;
@@ -65,13 +67,9 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
         .unwrap_or(1)
 }
 
-/// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`, nor
-/// above `cap`.
-pub fn small_m_rows(slots: usize, cap: usize) -> usize {
-    [8, 4, 2]
-        .into_iter()
-        .find(|&m| m <= slots && m <= cap)
-        .unwrap_or(1)
+/// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`.
+pub fn small_m_rows(slots: usize) -> usize {
+    [8, 4, 2].into_iter().find(|&m| m <= slots).unwrap_or(1)
 }
 
 /// Cubes of the small-M path: `mrows` rows of `x` per cube along x, blocks of

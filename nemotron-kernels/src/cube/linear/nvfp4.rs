@@ -312,7 +312,7 @@ pub fn launch<R: CubeRuntime>(
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
     if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
-        let mrows = small_m_rows(c.slots, usize::MAX);
+        let mrows = small_m_rows(c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! small {
             ($t:ty) => {
