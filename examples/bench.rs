@@ -764,6 +764,8 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     for (k, nout) in [
         (2688, 1856),
         (1856, 2688),
+        (2688, 3712),
+        (3712, 2688),
         (2688, 10304),
         (4096, 2688),
         (2688, 131072),
@@ -835,7 +837,8 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
         });
     }
-    for (k, nout) in [(2688, 10304), (4096, 2688)] {
+    // The Mamba in_proj whole and as the engine runs it (z, xBC, dt), and out_proj.
+    for (k, nout) in [(2688, 10304), (2688, 4096), (2688, 6144), (2688, 64), (4096, 2688)] {
         let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
         let x = act(&mut rng, vec![1, k]);
         rows.push(Row {
@@ -845,21 +848,22 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
         });
     }
-    for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 128, true)] {
+    // Attention q and k/v projections (bf16) and the router (f32 weight over bf16 activations),
+    // as the engine calls them: `dense_linear` against `w [N, K]`.
+    for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 256, false), (2688, 128, true)] {
         let wd = if f32_weights { BDType::F32 } else { dtype };
         let w = Tensor::<1>::from_data(
             TensorData::new(rng.vec(k * nout, 0.05), [k * nout]),
             (dev, wd),
         )
-        .reshape([k, nout]);
+        .reshape([nout, k]);
         let x = act(&mut rng, vec![1, k]);
-        let x = if f32_weights { x.cast(BDType::F32) } else { x };
         let ws = if f32_weights { 4.0 } else { esize };
         rows.push(Row {
-            name: format!("dense matmul 1×{k}·{k}×{nout} ({})", dtype_name(wd)),
-            bytes: ws * (k * nout + k + nout) as f64,
+            name: format!("dense GEMV {k}→{nout} ({})", dtype_name(wd)),
+            bytes: ws * (k * nout) as f64 + esize * k as f64 + ws * nout as f64,
             flops: 2.0 * (k * nout) as f64,
-            op: Box::new(move || drop(ops::mm(x.clone(), w.clone()))),
+            op: Box::new(move || drop(ops::dense_linear(x.clone(), w.clone()))),
         });
     }
     {
@@ -990,6 +994,14 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             bytes: esize * (3 * h) as f64,
             flops: 0.0,
             op: Box::new(move || drop(ops::rms_norm(x.clone(), None, w.clone(), 1, 1e-5))),
+        });
+        let (x2, y2) = (act(&mut rng, vec![1, h]), act(&mut rng, vec![1, h]));
+        let w2 = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("residual add + RMSNorm 1×{h}"),
+            bytes: esize * (5 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::add_rms_norm(x2.clone(), y2.clone(), w2.clone(), 1e-5))),
         });
         let i = 4096;
         let y = act(&mut rng, vec![1, i]);

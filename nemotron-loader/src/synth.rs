@@ -40,6 +40,8 @@ pub struct Geometry {
     /// MTP tower pattern (`"*E"` for Lightning), empty for none.
     pub mtp_pattern: String,
     pub norm_eps: f64,
+    /// The released configs' context limit (the engine refuses longer prompts by it).
+    pub max_position_embeddings: usize,
 }
 
 impl Geometry {
@@ -69,6 +71,7 @@ impl Geometry {
             intermediate_size: 32,
             mtp_pattern: "*E".into(),
             norm_eps: 1e-5,
+            max_position_embeddings: 4096,
         }
     }
 
@@ -98,6 +101,7 @@ impl Geometry {
             intermediate_size: 1536,
             mtp_pattern: String::new(),
             norm_eps: 1e-5,
+            max_position_embeddings: 4096,
         }
     }
 
@@ -126,6 +130,7 @@ impl Geometry {
             intermediate_size: 1856,
             mtp_pattern: String::new(),
             norm_eps: 1e-5,
+            max_position_embeddings: 262_144,
         }
     }
 
@@ -133,6 +138,7 @@ impl Geometry {
     pub fn lightning_30b() -> Self {
         Geometry {
             mtp_pattern: "*E".into(),
+            max_position_embeddings: 1_048_576,
             ..Self::nano_30b()
         }
     }
@@ -152,7 +158,7 @@ impl Geometry {
             "attention_bias": false,
             "attention_dropout": 0.0,
             "sliding_window": null,
-            "max_position_embeddings": 4096,
+            "max_position_embeddings": self.max_position_embeddings,
             "rope_theta": 10000,
             "partial_rotary_factor": 1.0,
             "mamba_num_heads": self.mamba_num_heads,

@@ -14,7 +14,7 @@
 
 use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};
 use super::linear::dispatch::{
-    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
+    gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_UNITS,
 };
 use super::linear::lane_sum;
 use burn::backend::ops::FloatTensorOps;
@@ -26,6 +26,11 @@ use cubecl::prelude::*;
 /// Rows of `x` up to which [`linear_launch`] runs the GEMV (each row re-reads `w`, from L2).
 pub const GEMV_MAX_ROWS: usize = 16;
 
+/// Weight chunks (4 elements each) a lane of the dense GEMV holds at once (`rows × group`).
+const DENSE_CHUNK_BUDGET: usize = 8;
+
+/// `y[m, n] = Σ_k x[m, k] · w[n, k]`: the linear kernels' GEMV geometry over 4-element chunks,
+/// `group` chunks of each row per step with every load of the step issued before any is used.
 #[cube(launch_unchecked)]
 pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
     x: &[Vector<F, NV>],
@@ -35,6 +40,7 @@ pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
     n_out: u32,
     slots: u32,
     #[comptime] rows: usize,
+    #[comptime] group: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
 ) {
@@ -49,27 +55,45 @@ pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
     for r in 0..rows {
         acc[r] = 0.0f32;
     }
-    let mut c = UNIT_POS_X as usize;
-    while c < chunks {
-        let xv = x[m * chunks + c];
-        let (x0, x1, x2, x3) = (
-            f32::cast_from(xv.extract(0)),
-            f32::cast_from(xv.extract(1)),
-            f32::cast_from(xv.extract(2)),
-            f32::cast_from(xv.extract(3)),
-        );
+    let mut wf = Array::<f32>::new(group * rows * 4);
+    let mut xf = Array::<f32>::new(group * 4);
+    let step = CUBE_DIM_X as usize;
+    let mut c0 = UNIT_POS_X as usize;
+    while c0 < chunks {
+        // Loads first (clamped: chunks past the end re-read the last one and are masked below,
+        // rows past `n_out` read the last row and are never written).
         #[unroll]
-        for r in 0..rows {
-            let n = n0 + r;
-            if n < n_out {
-                let wv = w[n * chunks + c];
-                acc[r] += x0 * f32::cast_from(wv.extract(0))
-                    + x1 * f32::cast_from(wv.extract(1))
-                    + x2 * f32::cast_from(wv.extract(2))
-                    + x3 * f32::cast_from(wv.extract(3));
+        for g in 0..group {
+            let c = (c0 + g * step).min(chunks - 1);
+            let xv = x[m * chunks + c];
+            #[unroll]
+            for j in 0..4usize {
+                xf[g * 4 + j] = f32::cast_from(xv.extract(j));
+            }
+            #[unroll]
+            for r in 0..rows {
+                let wv = w[(n0 + r).min(n_out - 1) * chunks + c];
+                let i = (g * rows + r) * 4;
+                #[unroll]
+                for j in 0..4usize {
+                    wf[i + j] = f32::cast_from(wv.extract(j));
+                }
             }
         }
-        c += CUBE_DIM_X as usize;
+        #[unroll]
+        for g in 0..group {
+            let valid = c0 + g * step < chunks;
+            #[unroll]
+            for r in 0..rows {
+                let i = (g * rows + r) * 4;
+                let p = xf[g * 4] * wf[i]
+                    + xf[g * 4 + 1] * wf[i + 1]
+                    + xf[g * 4 + 2] * wf[i + 2]
+                    + xf[g * 4 + 3] * wf[i + 3];
+                acc[r] += if valid { p } else { 0.0f32 };
+            }
+        }
+        c0 += group * step;
     }
     #[unroll]
     for r in 0..rows {
@@ -102,12 +126,14 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     let x = float_buf(x);
     let y = empty(&x, [m, n], wd);
     let r = rows_per_unit_row(n, m);
+    let group = gemv_group(k / 4, r, DENSE_CHUNK_BUDGET);
     let plane = plane_reduce(&x.client, GEMV_LANES);
     let g = Gemv {
         k,
         n,
         m,
         rows: r,
+        group,
         plane,
     };
     macro_rules! pick {
@@ -129,6 +155,7 @@ struct Gemv {
     n: usize,
     m: usize,
     rows: usize,
+    group: usize,
     plane: bool,
 }
 
@@ -154,6 +181,7 @@ impl Gemv {
                 self.n as u32,
                 self.m as u32,
                 self.rows,
+                self.group,
                 GEMV_UNITS,
                 self.plane,
             )

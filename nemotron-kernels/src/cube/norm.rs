@@ -1,6 +1,7 @@
 //! Group RMSNorm, optionally gated (Mamba2's output norm: gate before the norm), statistics in
 //! f32: `y = w · u · rsqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` or `u = x`.
-//! Also the residual add fused with the next block's (ungrouped, ungated) norm.
+//! Also the residual add fused with the next block's (ungrouped, ungated) norm, its row held in
+//! registers ([`add_rms_norm_kernel()`]).
 //! Grid: one cube of [`NORM_UNITS`] per `(row, group)`; the units stride over the group's
 //! channels, reduce `Σ u²` (`reduce::block_sum`: warp shuffles then one shared step on CUDA, a shared
 //! tree elsewhere), then write. Reads and writes the activation storage type `F`.
@@ -95,6 +96,11 @@ pub fn launch<R: CubeRuntime>(
     y
 }
 
+/// `sum = x + y` (rounded to `F`), `out = w · sum · rsqrt(mean(sum²) + eps)` per row. Unit `u`
+/// owns elements `u + i · units` for `i < per` (`per = ⌈h / units⌉`, comptime): all of its loads
+/// (`x`, `y`, `w`) are issued first and the values stay in registers, so the kernel waits for
+/// memory once — with the stores interleaved, each load had waited for the store before it
+/// (the buffers may alias as far as the compiler knows): 11 µs for one 2,688-wide row on the H200.
 #[cube(launch)]
 pub fn add_rms_norm_kernel<F: Float>(
     x: &[F],
@@ -104,31 +110,46 @@ pub fn add_rms_norm_kernel<F: Float>(
     out: &mut [F],
     h: u32,
     eps: f32,
+    #[comptime] per: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
 ) {
     let h = h as usize;
     let base = CUBE_POS_X as usize * h;
+    let u = UNIT_POS_X as usize;
+    let mut s = Array::<f32>::new(per);
+    let mut w = Array::<f32>::new(per);
     let mut ss = 0.0f32;
-    let mut c = UNIT_POS_X as usize;
-    while c < h {
+    #[unroll]
+    for i in 0..per {
+        let c = (u + i * units).min(h - 1);
         // Rounded to `F` first, exactly as a separate add would store it.
-        let s = F::cast_from(f32::cast_from(x[base + c]) + f32::cast_from(y[base + c]));
-        sum[base + c] = s;
-        let v = f32::cast_from(s);
-        ss += v * v;
-        c += CUBE_DIM_X as usize;
+        let v = f32::cast_from(F::cast_from(
+            f32::cast_from(x[base + c]) + f32::cast_from(y[base + c]),
+        ));
+        s[i] = v;
+        w[i] = f32::cast_from(weight[c]);
+    }
+    #[unroll]
+    for i in 0..per {
+        let v = s[i];
+        ss += if u + i * units < h { v * v } else { 0.0f32 };
     }
     let total = block_sum(ss, units, plane);
     let inv = 1.0f32 / (total / h as f32 + eps).sqrt();
-    // Each unit reads back only what it wrote.
-    let mut c = UNIT_POS_X as usize;
-    while c < h {
-        let v = f32::cast_from(sum[base + c]);
-        out[base + c] = F::cast_from(v * inv * f32::cast_from(weight[c]));
-        c += CUBE_DIM_X as usize;
+    #[unroll]
+    for i in 0..per {
+        let c = u + i * units;
+        if c < h {
+            sum[base + c] = F::cast_from(s[i]);
+            out[base + c] = F::cast_from(s[i] * inv * w[i]);
+        }
     }
 }
+
+/// Widest row [`add_rms_norm_kernel()`] takes (its units hold `⌈h / units⌉` values each in
+/// registers; 1,024 units × 32).
+pub const ADD_NORM_MAX_H: usize = 32 * 1024;
 
 pub fn add_launch<R: CubeRuntime>(
     x: CubeTensor<R>,
@@ -144,12 +165,19 @@ pub fn add_launch<R: CubeRuntime>(
     let (r, h) = (shape[0], shape[1]);
     let sum = empty(&x, [r, h], dtype);
     let out = empty(&x, [r, h], dtype);
+    assert!(
+        h <= ADD_NORM_MAX_H,
+        "add_rms_norm: rows of {h} exceed the kernel's {ADD_NORM_MAX_H}"
+    );
+    // Enough units that each holds at most 16 values (up to 1,024 units, then up to 32 values).
+    let units = h.div_ceil(16).next_power_of_two().clamp(NORM_UNITS as usize, 1024);
+    let per = h.div_ceil(units);
     macro_rules! go {
         ($t:ty) => {
             add_rms_norm_kernel::launch::<$t, R>(
                 &x.client,
                 CubeCount::Static(r as u32, 1, 1),
-                CubeDim::new_1d(NORM_UNITS),
+                CubeDim::new_1d(units as u32),
                 arg(&x),
                 arg(&y),
                 arg(&w),
@@ -157,7 +185,8 @@ pub fn add_launch<R: CubeRuntime>(
                 arg(&out),
                 h as u32,
                 eps as f32,
-                NORM_UNITS as usize,
+                per,
+                units,
                 plane_reduce(&x.client, 32),
             )
         };

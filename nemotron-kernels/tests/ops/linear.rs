@@ -120,11 +120,19 @@ fn routing(rng: &mut Rng, tokens: usize, k: usize, e: usize) -> Vec<i64> {
 }
 
 /// Routed-expert linears (NVFP4 and FP8): up-shaped (`div = k`, slots share a token's row) and
-/// down-shaped (`div = 1`), decode (1 token) and prefill (9 tokens) shaped.
+/// down-shaped (`div = 1`), decode (1 token) and prefill (9 tokens) shaped. From 16 slots the
+/// NVFP4 ones run expert-major on the cube arms (grouped on the device; 18–40 slots over 5
+/// experts: groups larger than a pass of 8, and K = 2688 for several chunks per lane).
 pub fn expert_linears_match(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(6, arm));
     let (e, k_top) = (5, 2);
-    for (tokens, n, k, div) in [(1, 24, 64, 2), (9, 16, 48, 2), (9, 20, 32, 1)] {
+    for (tokens, n, k, div) in [
+        (1, 24, 64, 2),
+        (9, 16, 48, 2),
+        (9, 20, 32, 1),
+        (20, 40, 64, 2),
+        (16, 24, 2688, 1),
+    ] {
         let slots = tokens * k_top;
         let idx = routing(&mut rng, tokens, k_top, e);
         let rows = slots / div;

@@ -3,17 +3,21 @@
 //!
 //! GEMV: a cube holds [`GEMV_ROWS`] unit rows of [`GEMV_LANES`] lanes for one output slot.
 //! - The **vector** GEMVs (`in` a multiple of 32 for NVFP4, of 16 for FP8: every real shape) give
-//!   each unit row `rows` consecutive output rows (1, 2 or 4, see [`rows_per_unit_row`]); lane `l`
-//!   takes the 16-byte weight chunks `l, l + 32, …` of each of them, so one activation chunk held
-//!   in registers serves `rows` weight loads, and a warp reads 512 contiguous bytes per load.
+//!   each unit row `rows` consecutive output rows (1 or 2, see [`rows_per_unit_row`]); lane `l`
+//!   takes the 16-byte weight chunks `l, l + 32, …` of each of them, `group` chunks per step
+//!   ([`gemv_group`]) with every load of a step issued before any is used, so one activation
+//!   chunk serves `rows` weight chunks, a warp reads 512 contiguous bytes per load, and a lane
+//!   waits for memory once per step instead of once per chunk.
 //!   The lanes reduce by warp shuffle where the device's plane is the 32 lanes ([`plane_reduce`]),
 //!   through shared memory elsewhere (lavapipe has no subgroups).
-//! - The **small-M** path of a plain NVFP4 linear over 2+ rows of `x` (batched decode): a cube
-//!   takes 2, 4 or 8 rows of `x` ([`small_m_rows`]); each weight chunk is decoded once into
-//!   registers and multiplied into every row, so the decode work does not grow with the batch.
-//!   (An FP8 version that quantized its 2-8 activation rows into shared memory in every cube was
-//!   measured slower than the vector GEMV per row on the H200 — 331 µs for 16 × 2688→10304 —
-//!   and was taken out: its prologue repeated per 8 output rows.)
+//! - The **small-M** paths of a plain linear over 2+ rows of `x` (batched decode): a cube takes
+//!   2, 4 or 8 rows of `x` ([`small_m_rows`]); each weight chunk is decoded once into registers
+//!   and multiplied into every row, so the decode work does not grow with the batch. FP8 rows are
+//!   quantized once per call by a small elementwise kernel first (quantizing them inside every
+//!   cube measured 331 µs for 16 × 2688→10304 on the H200: the prologue repeated per cube).
+//! - The **expert-major** path of routed NVFP4 experts from
+//!   [`super::grouped::GROUPED_MIN_SLOTS`] slots: slots grouped by expert on the device, one
+//!   cube per (row block, expert), each weight chunk decoded once for all of the expert's slots.
 //! - The **scalar** GEMVs (any size) give a unit row one output row; lanes stride over its
 //!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
@@ -45,26 +49,54 @@ pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
     CubeCount::Static(slots.max(1) as u32, y, z)
 }
 
-/// Output rows per unit row of the vector GEMV: 4 (each activation chunk reused four times) unless
-/// that leaves fewer than `TARGET_CUBES` cubes, then 2, then 1. `NEMOTRON_GEMV_ROWS=1|2|4` in
-/// the environment forces one value (a tuning knob for `bench --kernels`; read once).
+/// Output rows per unit row of the vector GEMV: 2 (each activation chunk reused twice) unless
+/// that leaves fewer than `TARGET_CUBES` cubes, then 1. `NEMOTRON_GEMV_ROWS=1|2|4` in the
+/// environment forces one value (a tuning knob for `bench --kernels`; read once). Four rows per
+/// unit row measured slower than two once the loads were grouped (registers: 79 per unit, 3 cubes
+/// per SM).
 pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
-    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        let v = std::env::var("NEMOTRON_GEMV_ROWS").ok()?;
-        let r = v.parse().ok().filter(|r| [1, 2, 4].contains(r));
-        if r.is_none() {
-            eprintln!("NEMOTRON_GEMV_ROWS={v:?} ignored: expected 1, 2 or 4");
-        }
-        r
-    });
-    if let Some(r) = *forced {
+    if let Some(r) = knob(&ROWS_KNOB, "NEMOTRON_GEMV_ROWS", &[1, 2, 4]) {
         return r;
     }
-    [4, 2]
-        .into_iter()
-        .find(|&r| n.div_ceil(GEMV_ROWS as usize * r) * slots >= TARGET_CUBES)
-        .unwrap_or(1)
+    if n.div_ceil(GEMV_ROWS as usize * 2) * slots >= TARGET_CUBES {
+        2
+    } else {
+        1
+    }
+}
+
+/// Chunks per row a lane loads before it computes (the vector GEMVs' `group`): its whole share
+/// of a row (`⌈chunks / 32⌉`) when `rows × group` stays within `budget` chunks of registers,
+/// else as many as fit. Grouping the loads is what turns a lane's `⌈chunks / 32⌉` dependent
+/// memory round trips into one: every GEMV here is latency-bound, not bandwidth-bound, without
+/// it. `NEMOTRON_GEMV_GROUP=1..8` forces one value (tuning knob, read once).
+pub fn gemv_group(chunks: usize, rows: usize, budget: usize) -> usize {
+    if let Some(g) = knob(&GROUP_KNOB, "NEMOTRON_GEMV_GROUP", &[1, 2, 3, 4, 5, 6, 7, 8]) {
+        return g;
+    }
+    chunks
+        .div_ceil(GEMV_LANES as usize)
+        .clamp(1, (budget / rows).max(1))
+}
+
+static ROWS_KNOB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+static GROUP_KNOB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+
+/// A tuning knob from the environment: one of `allowed`, read once; anything else is reported
+/// and ignored.
+fn knob(
+    cell: &'static std::sync::OnceLock<Option<usize>>,
+    name: &str,
+    allowed: &[usize],
+) -> Option<usize> {
+    *cell.get_or_init(|| {
+        let v = std::env::var(name).ok()?;
+        let r = v.parse().ok().filter(|r| allowed.contains(r));
+        if r.is_none() {
+            eprintln!("{name}={v:?} ignored: expected one of {allowed:?}");
+        }
+        r
+    })
 }
 
 /// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`.

@@ -7,8 +7,8 @@
 //! activations in their storage type `F`, accumulated in f32.
 
 use super::dispatch::{
-    gemv_count, gemv_dim, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows, GEMV_LANES,
-    GEMV_UNITS,
+    gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
+    GEMV_LANES, GEMV_UNITS,
 };
 use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, lane_sum, Call};
 use crate::cube::buffers::{arg, with_float};
@@ -17,6 +17,10 @@ use crate::{Epilogue, Nvfp4Weights, Rows};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+
+/// Weight chunks a lane of the vector GEMV holds at once (`rows × group`): 16 bytes each, plus
+/// the 32 decoded activations of the chunk in use.
+const NVFP4_CHUNK_BUDGET: usize = 8;
 
 /// `Σ_b s[row, b] · Σ_j E2M1[code(row, 16b + j)] · x[xrow, 16b + j]` over this lane's blocks
 /// (`b ≡ UNIT_POS_X mod CUBE_DIM_X`).
@@ -102,51 +106,12 @@ fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
     p
 }
 
-/// One 32-element chunk `c` of the activation row against the matching 16-byte chunk of each of
-/// the unit row's `rows` rows, into `acc` (codes read as value / 4).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn nvfp4_chunk<F: Float, NX: Size, NW: Size>(
-    x: &[Vector<F, NX>],
-    packed: &[Vector<u32, NW>],
-    scales: &[u32],
-    acc: &mut Array<f32>,
-    c: usize,
-    xrow: usize,
-    k: usize,
-    e: usize,
-    n0: usize,
-    n_out: usize,
-    #[comptime] rows: usize,
-) {
-    let (chunks, nb) = (k / 32, k / 16);
-    let mut xs = Array::<f32>::new(32usize);
-    // 32 activations = 8 vectors of 4.
-    let xb = (xrow * k + c * 32) / 4;
-    #[unroll]
-    for v in 0..8usize {
-        let xv = x[xb + v];
-        #[unroll]
-        for j in 0..4usize {
-            xs[v * 4 + j] = f32::cast_from(xv.extract(j));
-        }
-    }
-    #[unroll]
-    for r in 0..rows {
-        let row = e * n_out + (n0 + r).min(n_out - 1);
-        let wv = packed[row * chunks + c];
-        // The chunk's two scale bytes: an even byte offset, so one half of a word.
-        let si = row * nb + c * 2;
-        let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
-        let p0 = word_dot(wv.extract(0), &xs, 0usize) + word_dot(wv.extract(1), &xs, 8usize);
-        let p1 = word_dot(wv.extract(2), &xs, 16usize) + word_dot(wv.extract(3), &xs, 24usize);
-        acc[r] += p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
-    }
-}
-
 /// The vector GEMV (see [`crate::cube::linear::dispatch`]): unit row `u` of cube `c` owns output rows
-/// `(c · 8 + u) · rows ..+ rows`; a lane loads a 32-element activation chunk into registers once
-/// and dots it with the matching 16-byte chunk (2 blocks) of each of its rows.
+/// `(c · 8 + u) · rows ..+ rows`; a lane takes the 16-byte chunks (2 blocks of 16 codes)
+/// `l, l + 32, …` of each of its rows, `group` chunks per step: every weight and scale load of a
+/// step is issued before any of them is used (a branch-free, clamped prologue), so one memory
+/// latency covers the step — a lane's whole share of a row at the real shapes. Then each
+/// activation chunk is read once (from L1) and dotted with the step's chunks of every row.
 #[cube(launch_unchecked)]
 pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     x: &[Vector<F, NX>],
@@ -160,6 +125,7 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     slots: u32,
     div: u32,
     #[comptime] rows: usize,
+    #[comptime] group: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] routed: bool,
@@ -177,35 +143,63 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
         e = experts[slot] as usize;
         xrow = slot / div as usize;
     }
-    let chunks = k / 32;
+    let (chunks, nb) = (k / 32, k / 16);
     let mut acc = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {
         acc[r] = 0.0f32;
     }
-    // Two chunks per step: their loads issue together (no branch between them: rows past
-    // `n_out` read the last row and are never written).
+    let mut words = Array::<u32>::new(group * rows * 4);
+    let mut sws = Array::<u32>::new(group * rows);
+    let mut xs = Array::<f32>::new(32usize);
     let step = CUBE_DIM_X as usize;
-    let mut c = UNIT_POS_X as usize;
-    while c + step < chunks {
-        nvfp4_chunk(x, packed, scales, &mut acc, c, xrow, k, e, n0, n_out, rows);
-        nvfp4_chunk(
-            x,
-            packed,
-            scales,
-            &mut acc,
-            c + step,
-            xrow,
-            k,
-            e,
-            n0,
-            n_out,
-            rows,
-        );
-        c += 2 * step;
-    }
-    if c < chunks {
-        nvfp4_chunk(x, packed, scales, &mut acc, c, xrow, k, e, n0, n_out, rows);
+    let mut c0 = UNIT_POS_X as usize;
+    while c0 < chunks {
+        // Loads: chunks past the row's end read its last chunk and are masked below; rows past
+        // `n_out` read the last row and are never written.
+        #[unroll]
+        for g in 0..group {
+            let c = (c0 + g * step).min(chunks - 1);
+            #[unroll]
+            for r in 0..rows {
+                let row = e * n_out + (n0 + r).min(n_out - 1);
+                let wv = packed[row * chunks + c];
+                let i = (g * rows + r) * 4;
+                words[i] = wv.extract(0);
+                words[i + 1] = wv.extract(1);
+                words[i + 2] = wv.extract(2);
+                words[i + 3] = wv.extract(3);
+                // The chunk's two scale bytes: an even byte offset, so one half of a word.
+                let si = row * nb + c * 2;
+                sws[g * rows + r] = scales[si / 4] >> (((si % 4) * 8) as u32);
+            }
+        }
+        #[unroll]
+        for g in 0..group {
+            let c = c0 + g * step;
+            let valid = c < chunks;
+            // 32 activations = 8 vectors of 4.
+            let xb = (xrow * k + c.min(chunks - 1) * 32) / 4;
+            #[unroll]
+            for v in 0..8usize {
+                let xv = x[xb + v];
+                #[unroll]
+                for j in 0..4usize {
+                    xs[v * 4 + j] = f32::cast_from(xv.extract(j));
+                }
+            }
+            #[unroll]
+            for r in 0..rows {
+                let i = (g * rows + r) * 4;
+                let sw = sws[g * rows + r];
+                let p0 = word_dot(words[i], &xs, 0usize) + word_dot(words[i + 1], &xs, 8usize);
+                let p1 =
+                    word_dot(words[i + 2], &xs, 16usize) + word_dot(words[i + 3], &xs, 24usize);
+                let p = p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
+                acc[r] += if valid { p } else { 0.0f32 };
+            }
+        }
+        c0 += group * step;
     }
     // The codes were read as value / 4.
     let g = globals[e] * 4.0f32;
@@ -301,8 +295,9 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// Launches [`nvfp4_small_m_kernel()`] (plain, 2+ rows), [`nvfp4_gemv_kernel()`] (one row, or
-/// routed) or [`nvfp4_linear_kernel()`] (`in % 32 != 0`) for `x [R, in]`.
+/// Launches the expert-major path for routed batches ([`super::grouped`]),
+/// [`nvfp4_small_m_kernel()`] (plain, 2+ rows), [`nvfp4_gemv_kernel()`] (one row, or routed) or
+/// [`nvfp4_linear_kernel()`] (`in % 32 != 0`) for `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     w: Nvfp4Weights<CubeBackend<R>>,
@@ -311,6 +306,9 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
+    if let Some(y) = super::grouped::launch(&c, &w) {
+        return y;
+    }
     if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
         let mrows = small_m_rows(c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
@@ -345,6 +343,7 @@ pub fn launch<R: CubeRuntime>(
     }
     if c.k % 32 == 0 {
         let r = rows_per_unit_row(c.n, c.slots);
+        let group = gemv_group(c.k / 32, r, NVFP4_CHUNK_BUDGET);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! vector {
             ($t:ty) => {
@@ -369,6 +368,7 @@ pub fn launch<R: CubeRuntime>(
                         c.slots as u32,
                         c.div as u32,
                         r,
+                        group,
                         GEMV_UNITS,
                         plane,
                         c.routed,
