@@ -25,6 +25,7 @@
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
+use nemotron::kernels::cube::linear::grouped;
 use nemotron::kernels::rng::Lcg;
 use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
@@ -803,9 +804,10 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             }),
         });
     }
-    {
-        // Batch 16: 96 routed slots over 128 experts (duplicates, as routing gives them).
-        let (k, nout, tokens) = (2688, 1856, 16);
+    // Batches 16 and 64: 96 / 384 routed slots over 128 experts (duplicates, as routing gives
+    // them), slot-major and expert-major.
+    for tokens in [16usize, 64] {
+        let (k, nout) = (2688, 1856);
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
         let x = act(&mut rng, vec![tokens, k]);
         let ids: Vec<i32> = (0..tokens * 6)
@@ -813,21 +815,32 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             .collect();
         let uniq = ids.iter().collect::<std::collections::HashSet<_>>().len();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(ids, [tokens * 6]), dev);
-        rows.push(Row {
-            name: format!("NVFP4 experts 96 slots ({uniq} experts) {k}→{nout}"),
-            bytes: uniq as f64 * (nout * k / 2 + nout * k / 16) as f64
-                + esize * (tokens * k + tokens * 6 * nout) as f64,
-            flops: 2.0 * (tokens * 6 * k * nout) as f64,
-            op: Box::new(move || {
-                drop(ops::nvfp4_expert_linear(
-                    x.clone(),
-                    idx.clone(),
-                    6,
-                    &w,
-                    Epilogue::Relu2,
-                ))
-            }),
-        });
+        for (path, min_slots) in [("slot-major", usize::MAX), ("expert-major", 1)] {
+            let (x, idx, w) = (x.clone(), idx.clone(), w.clone());
+            rows.push(Row {
+                name: format!(
+                    "NVFP4 experts {} slots ({uniq} experts) {k}→{nout} {path}",
+                    tokens * 6
+                ),
+                bytes: uniq as f64 * (nout * k / 2 + nout * k / 16) as f64
+                    + esize * (tokens * k + tokens * 6 * nout) as f64,
+                flops: 2.0 * (tokens * 6 * k * nout) as f64,
+                op: Box::new(move || {
+                    grouped::set_grouped_min_slots(min_slots);
+                    drop(ops::nvfp4_expert_linear(
+                        x.clone(),
+                        idx.clone(),
+                        6,
+                        &w,
+                        Epilogue::Relu2,
+                    ));
+                    grouped::set_grouped_min_slots(grouped::GROUPED_MIN_SLOTS);
+                }),
+            });
+        }
+    }
+    {
+        let (k, tokens) = (2688, 16);
         let w = Fp8Weights::upload(&[fp8(&mut rng, 10304, k)], dev);
         let x = act(&mut rng, vec![tokens, k]);
         rows.push(Row {

@@ -108,8 +108,8 @@ def parent(a):
             print(json.dumps({"pass": False, "error": f"{kind} run failed", "exit": r.returncode}))
             return r.returncode if r.returncode in (2, 3) else 2
     import torch
-    ref = torch.load(os.path.join(work, "torch.pt"))
-    tri = torch.load(os.path.join(work, "triton.pt"))
+    ref = torch.load(os.path.join(work, "torch.pt"), weights_only=False)
+    tri = torch.load(os.path.join(work, "triton.pt"), weights_only=False)
     ok, summary = compare(ref, tri, a)
     if a.keep:
         print(f"work folder kept: {work}")
@@ -255,7 +255,7 @@ def child(a):
         tokens = None
     else:
         base.load_state_dict(torch.load(wpath))
-        tokens = torch.load(os.path.join(a.work, "torch.pt"))["tokens"]
+        tokens = torch.load(os.path.join(a.work, "torch.pt"), weights_only=False)["tokens"]
 
     counts = dict.fromkeys(hf_bench.FAST_FUNCS, 0)
     if a.child == "triton":  # count what the wrappers really call, for the whole run

@@ -8,7 +8,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
-use super::{e4m3, e4m3_round, e4m3_scaled, epilogue, lane_sum, Call};
+use super::{e4m3, e4m3_round, e4m3_scaled, e4m3x4, epilogue, hw_decode, lane_sum, Call};
 use crate::cube::buffers::{arg, elemwise, empty, f32_buf, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Fp8Weights, Rows};
@@ -112,6 +112,7 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     #[comptime] plane: bool,
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
+    #[comptime] hw: bool,
 ) {
     let slot = CUBE_POS_X as usize;
     // Whole cubes leave together, so the barrier below stays uniform.
@@ -160,10 +161,18 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
                 #[unroll]
                 for w in 0..4usize {
                     let word = words[i + w];
-                    p += e4m3_scaled(word, 0u32) * xq[xb + w * 4];
-                    p += e4m3_scaled(word, 1u32) * xq[xb + w * 4 + 1];
-                    p += e4m3_scaled(word, 2u32) * xq[xb + w * 4 + 2];
-                    p += e4m3_scaled(word, 3u32) * xq[xb + w * 4 + 3];
+                    if hw {
+                        let v = e4m3x4(word);
+                        p += v.extract(0) * xq[xb + w * 4];
+                        p += v.extract(1) * xq[xb + w * 4 + 1];
+                        p += v.extract(2) * xq[xb + w * 4 + 2];
+                        p += v.extract(3) * xq[xb + w * 4 + 3];
+                    } else {
+                        p += e4m3_scaled(word, 0u32) * xq[xb + w * 4];
+                        p += e4m3_scaled(word, 1u32) * xq[xb + w * 4 + 1];
+                        p += e4m3_scaled(word, 2u32) * xq[xb + w * 4 + 2];
+                        p += e4m3_scaled(word, 3u32) * xq[xb + w * 4 + 3];
+                    }
                 }
                 acc[r] += if valid { p } else { 0.0f32 };
             }
@@ -173,8 +182,8 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
             fp8_load(weight, &mut words, c0, chunks, step, e, n0, n_out, rows, group);
         }
     }
-    // The weights were read as value · 2^-8.
-    let scale = input_scale * weight_scales[e] * 256.0f32;
+    // The weights were read as value · 2^-8 (bits) or as their value (hardware conversion).
+    let scale = input_scale * weight_scales[e] * if hw { 1.0f32 } else { 256.0f32 };
     #[unroll]
     for r in 0..rows {
         let total = lane_sum(acc[r], units, plane);
@@ -246,6 +255,7 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
+    #[comptime] hw: bool,
 ) {
     let m0 = CUBE_POS_X as usize * mrows;
     let slots = slots as usize;
@@ -266,10 +276,18 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
         #[unroll]
         for w in 0..4usize {
             let word = wv.extract(w);
-            wd[w * 4] = e4m3_scaled(word, 0u32);
-            wd[w * 4 + 1] = e4m3_scaled(word, 1u32);
-            wd[w * 4 + 2] = e4m3_scaled(word, 2u32);
-            wd[w * 4 + 3] = e4m3_scaled(word, 3u32);
+            if hw {
+                let v = e4m3x4(word);
+                wd[w * 4] = v.extract(0);
+                wd[w * 4 + 1] = v.extract(1);
+                wd[w * 4 + 2] = v.extract(2);
+                wd[w * 4 + 3] = v.extract(3);
+            } else {
+                wd[w * 4] = e4m3_scaled(word, 0u32);
+                wd[w * 4 + 1] = e4m3_scaled(word, 1u32);
+                wd[w * 4 + 2] = e4m3_scaled(word, 2u32);
+                wd[w * 4 + 3] = e4m3_scaled(word, 3u32);
+            }
         }
         #[unroll]
         for m in 0..mrows {
@@ -288,8 +306,8 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
         }
         c += CUBE_DIM_X as usize;
     }
-    // The weights were read as value · 2^-8.
-    let scale = input_scales[0] * weight_scales[0] * 256.0f32;
+    // The weights were read as value · 2^-8 (bits) or as their value (hardware conversion).
+    let scale = input_scales[0] * weight_scales[0] * if hw { 1.0f32 } else { 256.0f32 };
     #[unroll]
     for m in 0..mrows {
         let total = lane_sum(acc[m], units, plane);
@@ -310,6 +328,7 @@ pub fn launch<R: CubeRuntime>(
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
+    let hw = hw_decode(&c.x.client);
     if c.k % 16 == 0 && !c.routed && c.slots >= 2 {
         let len = c.slots * c.k;
         let xq = empty(&c.x, [c.slots, c.k], c.dtype);
@@ -348,6 +367,7 @@ pub fn launch<R: CubeRuntime>(
                         GEMV_UNITS,
                         plane,
                         c.relu2,
+                        hw,
                     )
                 }
             }};
@@ -385,6 +405,7 @@ pub fn launch<R: CubeRuntime>(
                         plane,
                         c.routed,
                         c.relu2,
+                        hw,
                     )
                 }
             };

@@ -11,7 +11,9 @@
 //! y = experts; a cube whose expert has no slot leaves at once.
 
 use super::dispatch::{gemv_dim, plane_reduce, GEMV_LANES, GEMV_UNITS};
-use super::{e4m3, e2m1_quarter, epilogue, lane_sum, Call};
+use super::nvfp4::word_dot;
+use super::{e4m3, epilogue, hw_decode, lane_sum, word_dot_f16, Call};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::cube::buffers::{arg, empty, with_float};
 use crate::Nvfp4Weights;
 use burn::tensor::DType;
@@ -19,9 +21,27 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
 
-/// Routed slots from which the expert-major path runs (below it the slot-major GEMV reads each
-/// routed expert once anyway: at batch 1 and 2 almost every slot has its own expert).
-pub const GROUPED_MIN_SLOTS: usize = 16;
+/// Routed slots from which the expert-major path runs: off by default — its first version measured
+/// 896 µs for 96 slots over 83 experts (2688→1856) on the H200 against the slot-major GEMV's
+/// 232 µs (few slots per expert, and one chunk in flight per lane); this version is measured by
+/// `bench --kernels` both ways before it is turned on. [`set_grouped_min_slots`] changes it.
+pub const GROUPED_MIN_SLOTS: usize = usize::MAX;
+
+/// Weight chunks a lane holds (the whole of its share of a row: `in ≤ 32 · 32 · 4 = 4096`).
+const MAX_GROUP: usize = 4;
+
+static MIN_SLOTS: AtomicUsize = AtomicUsize::new(GROUPED_MIN_SLOTS);
+
+/// Sets the routed-slot count from which NVFP4 experts run expert-major (process-wide; for
+/// benchmarks and tests).
+pub fn set_grouped_min_slots(slots: usize) {
+    MIN_SLOTS.store(slots, Ordering::Relaxed);
+}
+
+/// The routed-slot count from which NVFP4 experts run expert-major.
+pub fn grouped_min_slots() -> usize {
+    MIN_SLOTS.load(Ordering::Relaxed)
+}
 
 /// Groups `pairs` routing slots by expert: `counts[e]` = slots routed to `e`, `members[e · pairs
 /// ..]` = those slots in increasing order. One cube; the ids are staged in shared memory and each
@@ -57,20 +77,11 @@ pub fn moe_group_kernel(
     }
 }
 
-/// `Σ_j wd[base + j] · xs[base + j]` over 8 values, in the order of the slot-major kernel's
-/// `word_dot`.
-#[cube]
-fn wd_dot(wd: &Array<f32>, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
-    let mut p = wd[base] * xs[base];
-    #[unroll]
-    for j in 1..8usize {
-        p += wd[base + j] * xs[base + j];
-    }
-    p
-}
-
 /// `y[s, n] = epi(gs[e] · Σ_b s_e[n, b] · Σ_j E2M1[code_e(n, 16b + j)] · x[s / div, 16b + j])` for
-/// every slot `s` of expert `e` (`members`), `mt` slots per pass over the row.
+/// every slot `s` of expert `e` (`members`), up to `mt` slots per pass. A lane holds its `group`
+/// weight chunks of the row (all of them: `chunks ≤ 32 · group`), loaded once before any slot;
+/// per pass each chunk is decoded once and dotted with every slot's activations (slots past the
+/// group's end are skipped: the branch is uniform over the cube).
 #[cube(launch_unchecked)]
 pub fn nvfp4_grouped_kernel<F: Float, NX: Size, NW: Size>(
     x: &[Vector<F, NX>],
@@ -84,10 +95,12 @@ pub fn nvfp4_grouped_kernel<F: Float, NX: Size, NW: Size>(
     n_out: u32,
     pairs: u32,
     div: u32,
+    #[comptime] group: usize,
     #[comptime] mt: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
+    #[comptime] hw: bool,
 ) {
     let e = CUBE_POS_Y as usize;
     let count = counts[e] as usize;
@@ -100,58 +113,80 @@ pub fn nvfp4_grouped_kernel<F: Float, NX: Size, NW: Size>(
     // Rows past the end compute on the last row and are never written.
     let row = e * n_out + n.min(n_out - 1);
     let (chunks, nb) = (k / 32, k / 16);
-    // The codes are read as value / 4.
-    let g = globals[e] * 4.0f32;
+    let lane = UNIT_POS_X as usize;
+    let mut words = Array::<u32>::new(group * 4);
+    let mut sws = Array::<u32>::new(group);
+    #[unroll]
+    for g in 0..group {
+        // Chunks past the row's end re-read the last one and are masked below.
+        let c = (lane + g * 32).min(chunks - 1);
+        let wv = packed[row * chunks + c];
+        words[g * 4] = wv.extract(0);
+        words[g * 4 + 1] = wv.extract(1);
+        words[g * 4 + 2] = wv.extract(2);
+        words[g * 4 + 3] = wv.extract(3);
+        let si = row * nb + c * 2;
+        sws[g] = scales[si / 4] >> (((si % 4) * 8) as u32);
+    }
+    // The codes are read as value / 4 (bits) or value · 2^-14 (f16).
+    let gs = globals[e] * if hw { 16384.0f32 } else { 4.0f32 };
     let mut acc = Array::<f32>::new(mt);
     let mut xr = Array::<usize>::new(mt);
-    let mut wd = Array::<f32>::new(32usize);
     let mut xs = Array::<f32>::new(32usize);
     let mut mb = 0usize;
     while mb < count {
         #[unroll]
         for m in 0..mt {
             acc[m] = 0.0f32;
-            // Past the group's end: its last slot again (computed, never written).
             xr[m] = members[e * pairs + (mb + m).min(count - 1)] as usize / div as usize;
         }
-        let mut c = UNIT_POS_X as usize;
-        while c < chunks {
-            let wv = packed[row * chunks + c];
-            let si = row * nb + c * 2;
-            let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
+        #[unroll]
+        for g in 0..group {
+            let c = lane + g * 32;
+            let valid = c < chunks;
+            let cc = c.min(chunks - 1);
+            let sw = sws[g];
             let (s0, s1) = (e4m3(sw & 255u32), e4m3((sw >> 8u32) & 255u32));
             #[unroll]
-            for w in 0..4usize {
-                let word = wv.extract(w);
-                #[unroll]
-                for j in 0..8usize {
-                    wd[w * 8 + j] = e2m1_quarter(word, j as u32);
-                }
-            }
-            #[unroll]
             for m in 0..mt {
-                // The slot-major kernel's sums: two blocks of 16, each scaled once.
-                let xb = (xr[m] * k + c * 32) / 4;
-                #[unroll]
-                for v in 0..8usize {
-                    let xv = x[xb + v];
+                if mb + m < count {
+                    let xb = (xr[m] * k + cc * 32) / 4;
                     #[unroll]
-                    for j in 0..4usize {
-                        xs[v * 4 + j] = f32::cast_from(xv.extract(j));
+                    for v in 0..8usize {
+                        let xv = x[xb + v];
+                        #[unroll]
+                        for j in 0..4usize {
+                            xs[v * 4 + j] = f32::cast_from(xv.extract(j));
+                        }
                     }
+                    let (p0, p1) = if hw {
+                        (
+                            word_dot_f16(words[g * 4], &xs, 0usize)
+                                + word_dot_f16(words[g * 4 + 1], &xs, 8usize),
+                            word_dot_f16(words[g * 4 + 2], &xs, 16usize)
+                                + word_dot_f16(words[g * 4 + 3], &xs, 24usize),
+                        )
+                    } else {
+                        (
+                            word_dot(words[g * 4], &xs, 0usize)
+                                + word_dot(words[g * 4 + 1], &xs, 8usize),
+                            word_dot(words[g * 4 + 2], &xs, 16usize)
+                                + word_dot(words[g * 4 + 3], &xs, 24usize),
+                        )
+                    };
+                    let p = p0 * s0 + p1 * s1;
+                    acc[m] += if valid { p } else { 0.0f32 };
                 }
-                let p0 = wd_dot(&wd, &xs, 0usize) + wd_dot(&wd, &xs, 8usize);
-                let p1 = wd_dot(&wd, &xs, 16usize) + wd_dot(&wd, &xs, 24usize);
-                acc[m] += p0 * s0 + p1 * s1;
             }
-            c += CUBE_DIM_X as usize;
         }
         #[unroll]
         for m in 0..mt {
-            let total = lane_sum(acc[m], units, plane);
-            if UNIT_POS_X == 0 && n < n_out && mb + m < count {
-                let s = members[e * pairs + mb + m] as usize;
-                y[s * n_out + n] = F::cast_from(epilogue(total * g, relu2));
+            if mb + m < count {
+                let total = lane_sum(acc[m], units, plane);
+                if lane == 0 && n < n_out {
+                    let s = members[e * pairs + mb + m] as usize;
+                    y[s * n_out + n] = F::cast_from(epilogue(total * gs, relu2));
+                }
             }
         }
         mb += mt;
@@ -165,9 +200,11 @@ pub(crate) fn launch<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
 ) -> Option<CubeTensor<R>> {
-    if !c.routed || c.slots < GROUPED_MIN_SLOTS || c.k % 32 != 0 {
+    let group = (c.k / 32).div_ceil(32);
+    if !c.routed || c.slots < grouped_min_slots() || c.k % 32 != 0 || group > MAX_GROUP {
         return None;
     }
+    let hw = hw_decode(&c.x.client);
     let experts = c.experts.as_ref()?;
     let n_experts = w.shape.experts;
     let client = &c.x.client;
@@ -210,10 +247,12 @@ pub(crate) fn launch<R: CubeRuntime>(
                     c.n as u32,
                     c.slots as u32,
                     c.div as u32,
+                    group,
                     mt,
                     GEMV_UNITS,
                     plane,
                     c.relu2,
+                    hw,
                 )
             }
         };

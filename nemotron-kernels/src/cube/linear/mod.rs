@@ -14,6 +14,9 @@ use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+use burn::tensor::f16;
+/// CubeCL's E4M3 element (the name `e4m3` is this module's bit-level decoder).
+type Fp8E4m3 = cubecl::e4m3;
 
 /// The value of an E2M1 code (bit 3 sign, bits 0-2 magnitude: 0, 0.5, 1, 1.5, 2, 3, 4, 6) built
 /// from its bits, without a table lookup: magnitudes ≥ 2 are `2^((m>>1)-1) · (1 + (m&1)/2)`, i.e.
@@ -63,6 +66,57 @@ pub(crate) fn e2m1_quarter(word: u32, #[comptime] j: u32) -> f32 {
     let q = v.min(2.0f32 * v - 0.25f32);
     let sign = (word << (28 - 4 * j)) & 0x8000_0000u32;
     f32::reinterpret(u32::reinterpret(q) ^ sign)
+}
+
+/// `Σ_j E2M1[code j of word] · 2^−14 · xs[base + j]` over a word's 8 nibbles through the
+/// device's f16 conversions: a nibble pair `(j, j + 4)` sits 16 bits apart, so two shifts and
+/// two masks place both as f16 bit patterns at once — magnitude bits `e1 e0 m` in the low
+/// exponent bits and the top mantissa bit, the sign on bit 15 — which read exactly as
+/// `E2M1 · 2^−14` (f16 subnormals give the 0.5 codes, exactly); the f16 → f32 conversion is one
+/// instruction per value. About half the integer work of [`e2m1_quarter`]. CUDA only (f16
+/// conversions), chosen by [`hw_decode`].
+#[cube]
+pub(crate) fn word_dot_f16(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
+    let m = 0x0E00_0E00u32;
+    let sg = 0x8000_8000u32;
+    let h0 = ((word << 9u32) & m) | ((word << 12u32) & sg);
+    let h1 = ((word << 5u32) & m) | ((word << 8u32) & sg);
+    let h2 = ((word << 1u32) & m) | ((word << 4u32) & sg);
+    let h3 = ((word >> 3u32) & m) | (word & sg);
+    let f0 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h0));
+    let f1 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h1));
+    let f2 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h2));
+    let f3 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h3));
+    let mut p = f0.extract(0) * xs[base];
+    p += f1.extract(0) * xs[base + 1];
+    p += f2.extract(0) * xs[base + 2];
+    p += f3.extract(0) * xs[base + 3];
+    p += f0.extract(1) * xs[base + 4];
+    p += f1.extract(1) * xs[base + 5];
+    p += f2.extract(1) * xs[base + 6];
+    p += f3.extract(1) * xs[base + 7];
+    p
+}
+
+/// The 4 E4M3 bytes of `word` as f32 values through the device's FP8 conversions (two
+/// `e4m3x2 → f16x2` and the f16 → f32 conversions; exact). NaN codes read NaN (the loader refuses
+/// them). CUDA on sm_89+ only, chosen by [`hw_decode`].
+#[cube]
+pub(crate) fn e4m3x4(word: u32) -> Vector<f32, Const<4>> {
+    Vector::<f32, Const<4>>::cast_from(Vector::<Fp8E4m3, Const<4>>::reinterpret(word))
+}
+
+/// Whether the device decodes E2M1/E4M3 with its own conversions ([`word_dot_f16`],
+/// [`e4m3x4`]): CUDA devices that convert E4M3 (sm_89+). Elsewhere (lavapipe) the kernels build
+/// the values from their bits ([`e2m1_quarter`], [`e4m3_scaled`]).
+pub fn hw_decode<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    use cubecl::ir::{ElemType, FloatKind, StorageType};
+    static FORCED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *FORCED_OFF.get_or_init(|| std::env::var("NEMOTRON_HW_DECODE").is_ok_and(|v| v == "0"));
+    !off && client
+        .features()
+        .type_usage(StorageType::Scalar(ElemType::Float(FloatKind::E4M3)))
+        .contains(cubecl::ir::features::TypeUsage::Conversion)
 }
 
 /// E4M3 byte `j` of `word` times 2^−8 — exactly, as [`e2m1_quarter`] does it: exponent and

@@ -10,7 +10,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
-use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, lane_sum, Call};
+use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, word_dot_f16, Call};
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
@@ -94,7 +94,7 @@ pub fn nvfp4_linear_kernel<F: Float>(
 
 /// `Σ_j E2M1[code j of word] · xs[base + j] / 4` over a word's 8 nibbles.
 #[cube]
-fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
+pub(crate) fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
     let mut p = e2m1_quarter(word, 0u32) * xs[base];
     p += e2m1_quarter(word, 1u32) * xs[base + 1];
     p += e2m1_quarter(word, 2u32) * xs[base + 2];
@@ -130,6 +130,7 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] plane: bool,
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
+    #[comptime] hw: bool,
 ) {
     let slot = CUBE_POS_X as usize;
     if slot >= slots as usize {
@@ -192,17 +193,27 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
             for r in 0..rows {
                 let i = (g * rows + r) * 4;
                 let sw = sws[g * rows + r];
-                let p0 = word_dot(words[i], &xs, 0usize) + word_dot(words[i + 1], &xs, 8usize);
-                let p1 =
-                    word_dot(words[i + 2], &xs, 16usize) + word_dot(words[i + 3], &xs, 24usize);
+                let (p0, p1) = if hw {
+                    (
+                        word_dot_f16(words[i], &xs, 0usize)
+                            + word_dot_f16(words[i + 1], &xs, 8usize),
+                        word_dot_f16(words[i + 2], &xs, 16usize)
+                            + word_dot_f16(words[i + 3], &xs, 24usize),
+                    )
+                } else {
+                    (
+                        word_dot(words[i], &xs, 0usize) + word_dot(words[i + 1], &xs, 8usize),
+                        word_dot(words[i + 2], &xs, 16usize) + word_dot(words[i + 3], &xs, 24usize),
+                    )
+                };
                 let p = p0 * e4m3(sw & 255u32) + p1 * e4m3((sw >> 8u32) & 255u32);
                 acc[r] += if valid { p } else { 0.0f32 };
             }
         }
         c0 += group * step;
     }
-    // The codes were read as value / 4.
-    let g = globals[e] * 4.0f32;
+    // The codes were read as value / 4 (bits) or value · 2^-14 (f16).
+    let g = globals[e] * if hw { 16384.0f32 } else { 4.0f32 };
     #[unroll]
     for r in 0..rows {
         let total = lane_sum(acc[r], units, plane);
@@ -344,6 +355,7 @@ pub fn launch<R: CubeRuntime>(
     if c.k % 32 == 0 {
         let r = rows_per_unit_row(c.n, c.slots);
         let group = gemv_group(c.k / 32, r, NVFP4_CHUNK_BUDGET);
+        let hw = hw_decode(&c.x.client);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! vector {
             ($t:ty) => {
@@ -373,6 +385,7 @@ pub fn launch<R: CubeRuntime>(
                         plane,
                         c.routed,
                         c.relu2,
+                        hw,
                     )
                 }
             };
