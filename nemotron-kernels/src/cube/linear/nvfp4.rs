@@ -16,6 +16,7 @@ use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
+use burn::tensor::f16;
 use cubecl::prelude::*;
 
 /// Weight chunks a lane of the vector GEMV holds at once (`rows × group`): 16 bytes each, plus
@@ -238,6 +239,30 @@ fn decode_word(word: u32, s: f32, wd: &mut Array<f32>, #[comptime] base: usize) 
     wd[base + 7] = e2m1_quarter(word, 7u32) * s;
 }
 
+/// `wd[base + j] = E2M1[code j of word] · 2^-14 · s` for the word's 8 codes through the f16
+/// conversions (see [`super::word_dot_f16`]; exact: at most 2 + 4 significant bits).
+#[cube]
+fn decode_word_f16(word: u32, s: f32, wd: &mut Array<f32>, #[comptime] base: usize) {
+    let m = 0x0E00_0E00u32;
+    let sg = 0x8000_8000u32;
+    let h0 = ((word << 9u32) & m) | ((word << 12u32) & sg);
+    let h1 = ((word << 5u32) & m) | ((word << 8u32) & sg);
+    let h2 = ((word << 1u32) & m) | ((word << 4u32) & sg);
+    let h3 = ((word >> 3u32) & m) | (word & sg);
+    let f0 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h0));
+    let f1 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h1));
+    let f2 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h2));
+    let f3 = Vector::<f32, Const<2>>::cast_from(Vector::<f16, Const<2>>::reinterpret(h3));
+    wd[base] = f0.extract(0) * s;
+    wd[base + 1] = f1.extract(0) * s;
+    wd[base + 2] = f2.extract(0) * s;
+    wd[base + 3] = f3.extract(0) * s;
+    wd[base + 4] = f0.extract(1) * s;
+    wd[base + 5] = f1.extract(1) * s;
+    wd[base + 6] = f2.extract(1) * s;
+    wd[base + 7] = f3.extract(1) * s;
+}
+
 /// The small-M path of a plain linear (2 to 8 rows of `x` per cube, `mrows`): each 16-byte weight
 /// chunk is decoded once into registers and used for every row, so the decode cost does not grow
 /// with the batch. One output row per unit row; cubes along x cover `mrows` rows of `x` each.
@@ -252,9 +277,11 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     n_out: u32,
     slots: u32,
     #[comptime] mrows: usize,
+    #[comptime] group: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
+    #[comptime] hw: bool,
 ) {
     let m0 = CUBE_POS_X as usize * mrows;
     let slots = slots as usize;
@@ -268,35 +295,61 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     for m in 0..mrows {
         acc[m] = 0.0f32;
     }
+    let mut words = Array::<u32>::new(group * 4);
+    let mut sws = Array::<u32>::new(group);
     let mut wd = Array::<f32>::new(32usize);
-    let mut c = UNIT_POS_X as usize;
-    while c < chunks {
-        let wv = packed[row * chunks + c];
-        let si = row * nb + c * 2;
-        let sw = scales[si / 4] >> (((si % 4) * 8) as u32);
-        let (s0, s1) = (e4m3(sw & 255u32), e4m3((sw >> 8u32) & 255u32));
-        decode_word(wv.extract(0), s0, &mut wd, 0usize);
-        decode_word(wv.extract(1), s0, &mut wd, 8usize);
-        decode_word(wv.extract(2), s1, &mut wd, 16usize);
-        decode_word(wv.extract(3), s1, &mut wd, 24usize);
+    let step = CUBE_DIM_X as usize;
+    let mut c0 = UNIT_POS_X as usize;
+    while c0 < chunks {
+        // A step's weight and scale loads first (clamped; chunks past the end masked below).
         #[unroll]
-        for m in 0..mrows {
-            let xb = ((m0 + m).min(slots - 1) * k + c * 32) / 4;
-            let mut p = 0.0f32;
-            #[unroll]
-            for v in 0..8usize {
-                let xv = x[xb + v];
-                p += wd[v * 4] * f32::cast_from(xv.extract(0))
-                    + wd[v * 4 + 1] * f32::cast_from(xv.extract(1))
-                    + wd[v * 4 + 2] * f32::cast_from(xv.extract(2))
-                    + wd[v * 4 + 3] * f32::cast_from(xv.extract(3));
-            }
-            acc[m] += p;
+        for g in 0..group {
+            let c = (c0 + g * step).min(chunks - 1);
+            let wv = packed[row * chunks + c];
+            words[g * 4] = wv.extract(0);
+            words[g * 4 + 1] = wv.extract(1);
+            words[g * 4 + 2] = wv.extract(2);
+            words[g * 4 + 3] = wv.extract(3);
+            let si = row * nb + c * 2;
+            sws[g] = scales[si / 4] >> (((si % 4) * 8) as u32);
         }
-        c += CUBE_DIM_X as usize;
+        #[unroll]
+        for g in 0..group {
+            let c = c0 + g * step;
+            let valid = c < chunks;
+            let cc = c.min(chunks - 1);
+            let sw = sws[g];
+            let (s0, s1) = (e4m3(sw & 255u32), e4m3((sw >> 8u32) & 255u32));
+            if hw {
+                decode_word_f16(words[g * 4], s0, &mut wd, 0usize);
+                decode_word_f16(words[g * 4 + 1], s0, &mut wd, 8usize);
+                decode_word_f16(words[g * 4 + 2], s1, &mut wd, 16usize);
+                decode_word_f16(words[g * 4 + 3], s1, &mut wd, 24usize);
+            } else {
+                decode_word(words[g * 4], s0, &mut wd, 0usize);
+                decode_word(words[g * 4 + 1], s0, &mut wd, 8usize);
+                decode_word(words[g * 4 + 2], s1, &mut wd, 16usize);
+                decode_word(words[g * 4 + 3], s1, &mut wd, 24usize);
+            }
+            #[unroll]
+            for m in 0..mrows {
+                let xb = ((m0 + m).min(slots - 1) * k + cc * 32) / 4;
+                let mut p = 0.0f32;
+                #[unroll]
+                for v in 0..8usize {
+                    let xv = x[xb + v];
+                    p += wd[v * 4] * f32::cast_from(xv.extract(0))
+                        + wd[v * 4 + 1] * f32::cast_from(xv.extract(1))
+                        + wd[v * 4 + 2] * f32::cast_from(xv.extract(2))
+                        + wd[v * 4 + 3] * f32::cast_from(xv.extract(3));
+                }
+                acc[m] += if valid { p } else { 0.0f32 };
+            }
+        }
+        c0 += group * step;
     }
-    // The codes were read as value / 4.
-    let g = globals[0] * 4.0f32;
+    // The codes were read as value / 4 (bits) or value · 2^-14 (f16).
+    let g = globals[0] * if hw { 16384.0f32 } else { 4.0f32 };
     #[unroll]
     for m in 0..mrows {
         let total = lane_sum(acc[m], units, plane);
@@ -322,6 +375,8 @@ pub fn launch<R: CubeRuntime>(
     }
     if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
         let mrows = small_m_rows(c.slots);
+        let group = gemv_group(c.k / 32, 1, NVFP4_CHUNK_BUDGET / 2);
+        let hw = hw_decode(&c.x.client);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! small {
             ($t:ty) => {
@@ -342,9 +397,11 @@ pub fn launch<R: CubeRuntime>(
                         c.n as u32,
                         c.slots as u32,
                         mrows,
+                        group,
                         GEMV_UNITS,
                         plane,
                         c.relu2,
+                        hw,
                     )
                 }
             };
