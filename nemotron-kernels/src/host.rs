@@ -190,6 +190,27 @@ where
     from_floats(reference::epilogue(y, epilogue), vec![n, s.out_features])
 }
 
+/// A `[R, N]` host tensor's columns as three `[R, widths[i]]` tensors.
+fn split3<F: HostPrimitive>(y: F, widths: [usize; 3]) -> (F, F, F) {
+    let (y, shape) = y.floats();
+    let n: usize = widths.iter().sum();
+    let r = shape[0];
+    let mut parts = widths.map(|w| Vec::with_capacity(r * w));
+    for row in y.chunks(n) {
+        let mut c = 0;
+        for (p, &w) in parts.iter_mut().zip(&widths) {
+            p.extend_from_slice(&row[c..c + w]);
+            c += w;
+        }
+    }
+    let [a, b, c] = parts;
+    (
+        from_floats(a, vec![r, widths[0]]),
+        from_floats(b, vec![r, widths[1]]),
+        from_floats(c, vec![r, widths[2]]),
+    )
+}
+
 fn rms_norm<F: HostPrimitive>(x: F, gate: Option<F>, weight: F, groups: usize, eps: f64) -> F {
     let (x, shape) = x.floats();
     let gate = gate.map(|g| g.floats().0);
@@ -446,6 +467,28 @@ macro_rules! host_backend {
                 epilogue: Epilogue,
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 fp8_linear::<$b>(x, w, rows, epilogue)
+            }
+            fn nvfp4_linear3(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: Nvfp4Weights<Self>,
+                widths: [usize; 3],
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                split3(nvfp4_linear::<$b>(x, w, Rows::Each, Epilogue::None), widths)
+            }
+            fn fp8_linear3(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: Fp8Weights<Self>,
+                widths: [usize; 3],
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                split3(fp8_linear::<$b>(x, w, Rows::Each, Epilogue::None), widths)
             }
             fn add_rms_norm(
                 x: burn::backend::tensor::FloatTensor<Self>,

@@ -199,6 +199,22 @@ pub trait NemotronOps: Backend {
         epilogue: Epilogue,
     ) -> FloatTensor<Self>;
 
+    /// A plain NVFP4 linear (no epilogue) whose output columns come back as three dense tensors
+    /// of `widths` columns (Mamba's `in_proj` into `z`, `xBC`, `dt`): one launch where the device
+    /// can write the three directly.
+    fn nvfp4_linear3(
+        x: FloatTensor<Self>,
+        #[extension_type] w: Nvfp4Weights<Self>,
+        widths: [usize; 3],
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// [`Self::nvfp4_linear3`] for a static W8A8 FP8 linear.
+    fn fp8_linear3(
+        x: FloatTensor<Self>,
+        #[extension_type] w: Fp8Weights<Self>,
+        widths: [usize; 3],
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
     /// Static W8A8: `xq = e4m3(clamp(x / input_scale, ±448))`,
     /// `y = epi((xq · e4m3(W)ᵀ) · (input_scale · weight_scale))`, rows as [`Rows`] says.
     fn fp8_linear(

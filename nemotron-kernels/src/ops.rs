@@ -152,6 +152,31 @@ pub fn nvfp4_linear(x: Tensor<2>, w: &Nvfp4Weights<D>, epilogue: Epilogue) -> Te
     ))
 }
 
+/// `x · Wᵀ` for a plain NVFP4 linear, its output columns as three dense tensors of `widths`
+/// columns (one launch on the device backends).
+pub fn nvfp4_linear3(x: Tensor<2>, w: &Nvfp4Weights<D>, widths: [usize; 3]) -> [Tensor<2>; 3] {
+    check_rows("nvfp4_linear3", &x, w.shape, None);
+    check_widths("nvfp4_linear3", widths, w.shape.out_features);
+    let (a, b, c) = <D as NemotronOps>::nvfp4_linear3(x.into_dispatch(), w.clone(), widths);
+    [out(a), out(b), out(c)]
+}
+
+/// `x · Wᵀ` for a plain FP8 linear, its output columns as three dense tensors of `widths`
+/// columns (one launch, plus one quantization launch for 2+ rows, on the device backends).
+pub fn fp8_linear3(x: Tensor<2>, w: &Fp8Weights<D>, widths: [usize; 3]) -> [Tensor<2>; 3] {
+    check_rows("fp8_linear3", &x, w.shape, None);
+    check_widths("fp8_linear3", widths, w.shape.out_features);
+    let (a, b, c) = <D as NemotronOps>::fp8_linear3(x.into_dispatch(), w.clone(), widths);
+    [out(a), out(b), out(c)]
+}
+
+fn check_widths(op: &str, widths: [usize; 3], n: usize) {
+    assert!(
+        widths.iter().sum::<usize>() == n && widths.iter().all(|&w| w > 0),
+        "{op}: widths {widths:?} do not split the {n} outputs into three"
+    );
+}
+
 /// Routed-expert NVFP4 linear: `y[s] = epi(W[experts[s]] · x[s / div])`.
 pub fn nvfp4_expert_linear(
     x: Tensor<2>,

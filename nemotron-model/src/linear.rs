@@ -59,6 +59,33 @@ impl Linear {
         }
     }
 
+    /// `x · Wᵀ` over the last dimension of `x`, its outputs as three dense tensors of `widths`
+    /// (Mamba's `in_proj` into z, xBC, dt): one launch for the packed forms on device backends;
+    /// a dense weight's output is sliced.
+    pub fn forward3<const D: usize>(&self, x: Tensor<D>, widths: [usize; 3]) -> [Tensor<D>; 3] {
+        let dims = x.dims();
+        let k = dims[D - 1];
+        let rows = dims.iter().take(D - 1).product::<usize>();
+        let x2: Tensor<2> = x.reshape([rows, k]);
+        let parts = match self {
+            Linear::Dense(w) => {
+                let y = ops::dense_linear(x2, w.clone());
+                let (a, b) = (widths[0], widths[0] + widths[1]);
+                [0..a, a..b, b..b + widths[2]]
+                    .map(|r| ops::contiguous(y.clone().slice([0..rows, r])))
+            }
+            Linear::Nvfp4(w) => ops::nvfp4_linear3(x2, w, widths),
+            Linear::Fp8(w) => ops::fp8_linear3(x2, w, widths),
+        };
+        let mut i = 0;
+        parts.map(|p| {
+            let mut out = dims;
+            out[D - 1] = widths[i];
+            i += 1;
+            p.reshape(out)
+        })
+    }
+
     /// `epi(x · Wᵀ)` over the last dimension of `x`; the quantized kernels fuse the epilogue.
     pub fn forward<const D: usize>(&self, x: Tensor<D>, epi: Epilogue) -> Tensor<D> {
         let dims = x.dims();

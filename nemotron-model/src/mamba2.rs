@@ -14,11 +14,9 @@ use nemotron_loader::MambaWeights;
 
 #[derive(Debug, Clone)]
 pub struct Mamba2 {
-    /// `in_proj` split by output rows into its `z`, `xBC` and `dt` parts at load (each in the
-    /// shipped form): three dense outputs instead of slices of one.
-    in_z: Linear,
-    in_xbc: Linear,
-    in_dt: Linear,
+    /// `in_proj` in its shipped form; its outputs come back as three dense tensors (`z`, `xBC`,
+    /// `dt`) from one launch ([`Linear::forward3`]).
+    in_proj: Linear,
     /// `[C, K]`.
     conv_weight: Tensor<2>,
     conv_bias: Option<Tensor<1>>,
@@ -46,16 +44,13 @@ impl Mamba2 {
     ) -> Self {
         let (k, h) = (cfg.conv_kernel, cfg.num_heads);
         let (i, conv) = (cfg.inner(), cfg.conv_dim());
-        let part = |r: std::ops::Range<usize>| {
-            w.in_proj.rows(r.clone()).unwrap_or_else(|| {
-                panic!(
-                    "in_proj has {} rows, fewer than z + xBC + dt = {} (the loader checks its shape)",
-                    w.in_proj.out_features(),
-                    r.end
-                )
-            })
-        };
-        let (wz, wxbc, wdt) = (part(0..i), part(i..i + conv), part(i + conv..i + conv + h));
+        let need = i + conv + h;
+        assert_eq!(
+            w.in_proj.out_features(),
+            need,
+            "in_proj has {} rows, z + xBC + dt = {need} (the loader checks its shape)",
+            w.in_proj.out_features()
+        );
         let proj = |w| {
             if dv.fp8_weight_only {
                 Linear::weight_only(w, dev, dtype)
@@ -64,9 +59,7 @@ impl Mamba2 {
             }
         };
         Mamba2 {
-            in_z: proj(wz),
-            in_xbc: proj(wxbc),
-            in_dt: proj(wdt),
+            in_proj: proj(w.in_proj),
             conv_weight: float::<3>(&w.conv_weight, dev, dtype).reshape([cfg.conv_dim(), k]),
             conv_bias: w.conv_bias.as_ref().map(|b| float(b, dev, dtype)),
             a: from_vec(w.a_log.iter().map(|v| -v.exp()).collect(), [h], dev, dtype),
@@ -130,12 +123,9 @@ impl Mamba2 {
         let SlotLayer::Mamba { conv: cpool, ssm } = pools else {
             panic!("a Mamba layer's slots hold {pools:?}")
         };
-        let z = self.in_z.forward(h.clone(), Epilogue::None);
-        let xbc: Tensor<2> = self
-            .in_xbc
-            .forward(h.clone(), Epilogue::None)
-            .reshape([bsz, conv]);
-        let dt: Tensor<2> = self.in_dt.forward(h, Epilogue::None).reshape([bsz, nh]);
+        let [z, xbc, dt] = self.in_proj.forward3(h, [i, conv, nh]);
+        let xbc: Tensor<2> = xbc.reshape([bsz, conv]);
+        let dt: Tensor<2> = dt.reshape([bsz, nh]);
         let (xbc, cp) = ops::conv_step(
             xbc,
             self.conv_weight.clone(),
@@ -177,9 +167,7 @@ impl Mamba2 {
         let c = &self.cfg;
         let [bsz, t, _] = h.dims();
         let (i, nh, g, n, p) = (c.inner(), c.num_heads, c.n_groups, c.state_size, c.head_dim);
-        let z = self.in_z.forward(h.clone(), Epilogue::None);
-        let xbc = self.in_xbc.forward(h.clone(), Epilogue::None);
-        let dt = self.in_dt.forward(h, Epilogue::None);
+        let [z, xbc, dt] = self.in_proj.forward3(h, [i, c.conv_dim(), nh]);
 
         let (conv_states, ssm_states): (Vec<_>, Vec<_>) = states
             .iter()

@@ -51,6 +51,14 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         linear::fp8::launch(x, w, rows, epi)
     }
 
+    fn nvfp4_linear3(x: T<R>, w: Nvfp4Weights<Self>, widths: [usize; 3]) -> (T<R>, T<R>, T<R>) {
+        linear::nvfp4::launch3(x, w, widths)
+    }
+
+    fn fp8_linear3(x: T<R>, w: Fp8Weights<Self>, widths: [usize; 3]) -> (T<R>, T<R>, T<R>) {
+        linear::fp8::launch3(x, w, widths)
+    }
+
     fn rms_norm(x: T<R>, gate: Maybe<Self>, weight: T<R>, groups: usize, eps: f64) -> T<R> {
         norm::launch(x, gate, weight, groups, eps)
     }

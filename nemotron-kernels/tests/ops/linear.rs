@@ -120,6 +120,55 @@ fn routing(rng: &mut Rng, tokens: usize, k: usize, e: usize) -> Vec<i64> {
     out
 }
 
+/// A plain linear whose outputs come back as three tensors (Mamba's `in_proj` into z, xBC,
+/// dt), NVFP4 and FP8, against the reference linear's columns: one row (vector GEMV), several
+/// (small-M) and an input width the split kernels do not take (sliced after the scalar kernel).
+pub fn linears_into_three_parts_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(21, arm));
+    for (m, k, widths) in [
+        (1, 2688, [40, 56, 8]),
+        (3, 128, [33, 20, 7]),
+        (9, 64, [5, 70, 16]),
+        (2, 48, [10, 12, 3]),
+    ] {
+        let n: usize = widths.iter().sum();
+        let x = rng.vec(m * k, 1.0);
+        let starts = [0, widths[0], widths[0] + widths[1]];
+        let cols = |full: &[f32], i: usize| -> Vec<f32> {
+            full.chunks(n)
+                .flat_map(|row| row[starts[i]..starts[i] + widths[i]].to_vec())
+                .collect()
+        };
+        let nv = [nvfp4_case(&mut rng, n, k)];
+        let want = host(ops::nvfp4_linear(
+            href.t(&x, [m, k]),
+            &Nvfp4Weights::upload(&nv, &href.dev),
+            Epilogue::None,
+        ));
+        let got = ops::nvfp4_linear3(arm.t(&x, [m, k]), &Nvfp4Weights::upload(&nv, &arm.dev), widths);
+        for (i, part) in got.into_iter().enumerate() {
+            assert_eq!(part.dims(), [m, widths[i]], "nvfp4 part {i} shape");
+            let name = format!("nvfp4 {m}×{k}→{widths:?} part {i}");
+            close(&name, &host(part), &cols(&want, i), arm.band.lin);
+        }
+        if k % 16 != 0 {
+            continue;
+        }
+        let f8 = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
+        let want = host(ops::fp8_linear(
+            href.t(&x, [m, k]),
+            &Fp8Weights::upload(&f8, &href.dev),
+            Epilogue::None,
+        ));
+        let got = ops::fp8_linear3(arm.t(&x, [m, k]), &Fp8Weights::upload(&f8, &arm.dev), widths);
+        for (i, part) in got.into_iter().enumerate() {
+            assert_eq!(part.dims(), [m, widths[i]], "fp8 part {i} shape");
+            let name = format!("fp8 {m}×{k}→{widths:?} part {i}");
+            close(&name, &host(part), &cols(&want, i), arm.band.lin);
+        }
+    }
+}
+
 /// Routed-expert linears (NVFP4 and FP8): up-shaped (`div = k`, slots share a token's row) and
 /// down-shaped (`div = 1`), decode (1 token) and prefill (9 tokens) shaped. The NVFP4 ones also
 /// run expert-major on the cube arms where there are 16+ slots (grouped on the device; 18–40 slots

@@ -200,6 +200,7 @@ arms! {
     nvfp4_linear => linear::nvfp4_linear_matches,
     fp8_linear => linear::fp8_linear_matches,
     expert_linears => linear::expert_linears_match,
+    linears_into_three => linear::linears_into_three_parts_match,
     e4m3_codes => linear::e4m3_codes_decode_as_defined,
     e2m1_codes => linear::e2m1_codes_decode_as_defined,
     rms_norm => norm::rms_norm_matches,

@@ -8,7 +8,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
-use super::{e4m3, e4m3_round, e4m3_scaled, e4m3x4, epilogue, hw_decode, lane_sum, Call};
+use super::{e4m3, e4m3_round, e4m3_scaled, e4m3x4, epilogue, hw_decode, lane_sum, store3, Call};
 use crate::cube::buffers::{arg, elemwise, empty, f32_buf, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Fp8Weights, Rows};
@@ -103,6 +103,10 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     input_scales: &[f32],
     weight_scales: &[f32],
     y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
+    a: u32,
+    b: u32,
     n_out: u32,
     slots: u32,
     div: u32,
@@ -114,6 +118,7 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] hw: bool,
+    #[comptime] split: bool,
 ) {
     let slot = CUBE_POS_X as usize;
     // Whole cubes leave together, so the barrier below stays uniform.
@@ -190,7 +195,8 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
         let total = lane_sum(acc[r], units, plane);
         let n = n0 + r;
         if UNIT_POS_X == 0 && n < n_out {
-            y[slot * n_out + n] = F::cast_from(epilogue(total * scale, relu2));
+            let v = F::cast_from(epilogue(total * scale, relu2));
+            store3(y, y1, y2, slot, n, n_out, a as usize, b as usize, v, split);
         }
     }
 }
@@ -250,6 +256,10 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     input_scales: &[f32],
     weight_scales: &[f32],
     y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
+    a: u32,
+    b: u32,
     k: u32,
     n_out: u32,
     slots: u32,
@@ -259,6 +269,7 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
     #[comptime] hw: bool,
+    #[comptime] split: bool,
 ) {
     let m0 = CUBE_POS_X as usize * mrows;
     let slots = slots as usize;
@@ -322,7 +333,8 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     for m in 0..mrows {
         let total = lane_sum(acc[m], units, plane);
         if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
-            y[(m0 + m) * n_out + n] = F::cast_from(epilogue(total * scale, relu2));
+            let v = F::cast_from(epilogue(total * scale, relu2));
+            store3(y, y1, y2, m0 + m, n, n_out, a as usize, b as usize, v, split);
         }
     }
 }
@@ -337,6 +349,29 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
+    run(&c, w);
+    c.y
+}
+
+/// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
+/// write the parts directly; the scalar kernel writes one output, sliced after.
+pub fn launch3<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    w: Fp8Weights<CubeBackend<R>>,
+    widths: [usize; 3],
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let k = x.meta.shape()[1];
+    if k % 16 != 0 || k > MAX_SHARED_K {
+        return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
+    }
+    let c = Call::new3(x, widths);
+    run(&c, w);
+    (c.y, c.y1, c.y2)
+}
+
+/// Launches the small-M, vector or scalar kernel for `c`.
+fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
+    let (sa, sb) = c.split_args();
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
     let hw = hw_decode(&c.x.client);
     if c.k % 16 == 0 && !c.routed && c.slots >= 2 {
@@ -371,6 +406,10 @@ pub fn launch<R: CubeRuntime>(
                         arg(&is),
                         arg(&ws),
                         arg(&c.y),
+                        arg(&c.y1),
+                        arg(&c.y2),
+                        sa,
+                        sb,
                         c.k as u32,
                         c.n as u32,
                         c.slots as u32,
@@ -380,12 +419,13 @@ pub fn launch<R: CubeRuntime>(
                         plane,
                         c.relu2,
                         hw,
+                        c.split.is_some(),
                     )
                 }
             }};
         }
         with_float!(c.dtype, small);
-        return c.y;
+        return;
     }
     if c.k % 16 == 0 && c.k <= MAX_SHARED_K {
         let r = rows_per_unit_row(c.n, c.slots);
@@ -407,6 +447,10 @@ pub fn launch<R: CubeRuntime>(
                         arg(&is),
                         arg(&ws),
                         arg(&c.y),
+                        arg(&c.y1),
+                        arg(&c.y2),
+                        sa,
+                        sb,
                         c.n as u32,
                         c.slots as u32,
                         c.div as u32,
@@ -418,12 +462,13 @@ pub fn launch<R: CubeRuntime>(
                         c.routed,
                         c.relu2,
                         hw,
+                        c.split.is_some(),
                     )
                 }
             };
         }
         with_float!(c.dtype, vector);
-        return c.y;
+        return;
     }
     macro_rules! go {
         ($t:ty) => {
@@ -448,5 +493,4 @@ pub fn launch<R: CubeRuntime>(
         };
     }
     with_float!(c.dtype, go);
-    c.y
 }

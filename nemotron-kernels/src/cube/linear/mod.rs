@@ -173,6 +173,36 @@ pub(crate) fn e4m3_round(v: f32) -> f32 {
     }
 }
 
+/// Writes output `n` of row `slot`: into `y [R, n_out]`, or when `split` into the part it falls
+/// in — `y [R, a]`, `y1 [R, b − a]`, `y2 [R, n_out − b]` (a linear whose outputs are three
+/// tensors, e.g. Mamba's `in_proj`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store3<F: Float>(
+    y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
+    slot: usize,
+    n: usize,
+    n_out: usize,
+    a: usize,
+    b: usize,
+    v: F,
+    #[comptime] split: bool,
+) {
+    if split {
+        if n < a {
+            y[slot * a + n] = v;
+        } else if n < b {
+            y1[slot * (b - a) + n - a] = v;
+        } else {
+            y2[slot * (n_out - b) + n - b] = v;
+        }
+    } else {
+        y[slot * n_out + n] = v;
+    }
+}
+
 /// `relu(v)²` when `relu2`, `v` otherwise.
 #[cube]
 pub(crate) fn epilogue(v: f32, #[comptime] relu2: bool) -> f32 {
@@ -198,6 +228,11 @@ pub(crate) struct Call<R: CubeRuntime> {
     pub n: usize,
     pub routed: bool,
     pub relu2: bool,
+    /// The second and third output parts (`split`), or 1-element stand-ins (never written).
+    pub y1: CubeTensor<R>,
+    pub y2: CubeTensor<R>,
+    /// Where the parts start: `(a, b)` = outputs `0..a` in `y`, `a..b` in `y1`, `b..` in `y2`.
+    pub split: Option<(usize, usize)>,
 }
 
 impl<R: CubeRuntime> Call<R> {
@@ -220,6 +255,7 @@ impl<R: CubeRuntime> Call<R> {
             "activation dtype {out_dtype:?} has no kernel"
         );
         let y = empty(&x, [slots, n], dtype);
+        let (y1, y2) = (empty(&x, [1], dtype), empty(&x, [1], dtype));
         Call {
             routed: experts.is_some(),
             x,
@@ -231,7 +267,38 @@ impl<R: CubeRuntime> Call<R> {
             k,
             n,
             relu2: epilogue == Epilogue::Relu2,
+            y1,
+            y2,
+            split: None,
         }
+    }
+
+    /// A plain linear (no epilogue) whose outputs go to three tensors of `widths` columns.
+    pub fn new3(x: CubeTensor<R>, widths: [usize; 3]) -> Self {
+        let n = widths.iter().sum();
+        let mut c = Self::new(x, Rows::Each, n, Epilogue::None);
+        c.y = empty(&c.x, [c.slots, widths[0]], c.dtype);
+        c.y1 = empty(&c.x, [c.slots, widths[1]], c.dtype);
+        c.y2 = empty(&c.x, [c.slots, widths[2]], c.dtype);
+        c.split = Some((widths[0], widths[0] + widths[1]));
+        c
+    }
+
+    /// The split points as kernel arguments (unused when unsplit).
+    pub fn split_args(&self) -> (u32, u32) {
+        let (a, b) = self.split.unwrap_or((self.n, self.n));
+        (a as u32, b as u32)
+    }
+
+    /// The three parts of an unsplit output `[slots, n]` (a kernel without the split store),
+    /// each made dense.
+    pub fn slice3(y: CubeTensor<R>, widths: [usize; 3]) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+        use burn_cubecl::kernel::{into_contiguous, slice};
+        let r = y.meta.shape()[0];
+        let (a, b) = (widths[0], widths[0] + widths[1]);
+        let n = b + widths[2];
+        let part = |range: std::ops::Range<usize>| into_contiguous(slice(y.clone(), &[0..r, range]));
+        (part(0..a), part(a..b), part(b..n))
     }
 
     /// The expert index buffer (the activations stand in when unrouted: never read).

@@ -10,7 +10,9 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
-use super::{byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, word_dot_f16, Call};
+use super::{
+    byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, store3, word_dot_f16, Call,
+};
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
@@ -121,6 +123,10 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     scales: &[u32],
     globals: &[f32],
     y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
+    a: u32,
+    b: u32,
     k: u32,
     n_out: u32,
     slots: u32,
@@ -132,6 +138,7 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] hw: bool,
+    #[comptime] split: bool,
 ) {
     let slot = CUBE_POS_X as usize;
     if slot >= slots as usize {
@@ -220,7 +227,8 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
         let total = lane_sum(acc[r], units, plane);
         let n = n0 + r;
         if UNIT_POS_X == 0 && n < n_out {
-            y[slot * n_out + n] = F::cast_from(epilogue(total * g, relu2));
+            let v = F::cast_from(epilogue(total * g, relu2));
+            store3(y, y1, y2, slot, n, n_out, a as usize, b as usize, v, split);
         }
     }
 }
@@ -273,6 +281,10 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     scales: &[u32],
     globals: &[f32],
     y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
+    a: u32,
+    b: u32,
     k: u32,
     n_out: u32,
     slots: u32,
@@ -282,6 +294,7 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
     #[comptime] hw: bool,
+    #[comptime] split: bool,
 ) {
     let m0 = CUBE_POS_X as usize * mrows;
     let slots = slots as usize;
@@ -354,7 +367,8 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     for m in 0..mrows {
         let total = lane_sum(acc[m], units, plane);
         if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
-            y[(m0 + m) * n_out + n] = F::cast_from(epilogue(total * g, relu2));
+            let v = F::cast_from(epilogue(total * g, relu2));
+            store3(y, y1, y2, m0 + m, n, n_out, a as usize, b as usize, v, split);
         }
     }
 }
@@ -373,6 +387,28 @@ pub fn launch<R: CubeRuntime>(
     if let Some(y) = super::grouped::launch(&c, &w) {
         return y;
     }
+    run(&c, &w);
+    c.y
+}
+
+/// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
+/// write the parts directly; the scalar kernel (`in % 32 != 0`) writes one output, sliced after.
+pub fn launch3<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    w: Nvfp4Weights<CubeBackend<R>>,
+    widths: [usize; 3],
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    if x.meta.shape()[1] % 32 != 0 {
+        return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
+    }
+    let c = Call::new3(x, widths);
+    run(&c, &w);
+    (c.y, c.y1, c.y2)
+}
+
+/// Launches the small-M, vector or scalar kernel for `c` (not the expert-major path).
+fn run<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>) {
+    let (sa, sb) = c.split_args();
     if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
         let mrows = small_m_rows(c.slots);
         let group = gemv_group(c.k / 32, 1, NVFP4_CHUNK_BUDGET / 2);
@@ -393,6 +429,10 @@ pub fn launch<R: CubeRuntime>(
                         arg(&w.scales),
                         arg(&w.globals),
                         arg(&c.y),
+                        arg(&c.y1),
+                        arg(&c.y2),
+                        sa,
+                        sb,
                         c.k as u32,
                         c.n as u32,
                         c.slots as u32,
@@ -402,12 +442,13 @@ pub fn launch<R: CubeRuntime>(
                         plane,
                         c.relu2,
                         hw,
+                        c.split.is_some(),
                     )
                 }
             };
         }
         with_float!(c.dtype, small);
-        return c.y;
+        return;
     }
     if c.k % 32 == 0 {
         let r = rows_per_unit_row(c.n, c.slots);
@@ -432,6 +473,10 @@ pub fn launch<R: CubeRuntime>(
                         arg(&w.scales),
                         arg(&w.globals),
                         arg(&c.y),
+                        arg(&c.y1),
+                        arg(&c.y2),
+                        sa,
+                        sb,
                         c.k as u32,
                         c.n as u32,
                         c.slots as u32,
@@ -443,12 +488,13 @@ pub fn launch<R: CubeRuntime>(
                         c.routed,
                         c.relu2,
                         hw,
+                        c.split.is_some(),
                     )
                 }
             };
         }
         with_float!(c.dtype, vector);
-        return c.y;
+        return;
     }
     macro_rules! go {
         ($t:ty) => {
@@ -473,5 +519,4 @@ pub fn launch<R: CubeRuntime>(
         };
     }
     with_float!(c.dtype, go);
-    c.y
 }
