@@ -41,7 +41,7 @@ muts = [
   "xr[m] = members[e * pairs + (mb + m).min(count - 1)] as usize / div as usize;",
   "xr[m] = members[e * pairs + mb.min(count - 1)] as usize / div as usize;", "ops"),
  ("FP8 small-M rows are not quantized", "nemotron-kernels/src/cube/linear/fp8.rs",
-  "        xq[i] = e4m3_round(v);\n    }\n}", "        xq[i] = v;\n    }\n}", "ops"),
+  "        xq[i] = F::cast_from(e4m3_round(v));", "        xq[i] = F::cast_from(v);", "ops"),
  ("routed-expert kernel reads expert 0's weights", "nemotron-kernels/src/cube/linear/nvfp4.rs",
   "acc = nvfp4_partial(x, packed, scales, e * n_out + n, xrow, k as usize);", "acc = nvfp4_partial(x, packed, scales, n, xrow, k as usize);", "ops"),
  ("relu² epilogue skipped", "nemotron-kernels/src/cube/linear/mod.rs",

@@ -14,7 +14,6 @@ use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Fp8Weights, Rows};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
-use burn::tensor::DType;
 use cubecl::prelude::*;
 
 /// `Σ e4m3(clamp(x / is, ±448)) · W8[row, k]` over this lane's words (`w ≡ UNIT_POS_X mod
@@ -235,23 +234,24 @@ fn fp8_load<NW: Size>(
 /// `xq = e4m3(clamp(x / is, ±448))` elementwise, stored in the activation type `F` (exact: every
 /// E4M3 value is a bf16, f16 and f32 value), for [`fp8_small_m_kernel()`].
 #[cube(launch)]
-pub fn fp8_quantize_kernel<F: Float>(x: &[F], input_scales: &[f32], xq: &mut [f32], len: u32) {
+pub fn fp8_quantize_kernel<F: Float>(x: &[F], input_scales: &[f32], xq: &mut [F], len: u32) {
     let i = ABSOLUTE_POS as usize;
     if i < len as usize {
         let v = (f32::cast_from(x[i]) / input_scales[0]).clamp(-448.0f32, 448.0f32);
-        xq[i] = e4m3_round(v);
+        xq[i] = F::cast_from(e4m3_round(v));
     }
 }
 
 /// The small-M path of a plain FP8 linear (2 to 8 rows of `x` per cube, `mrows`): the rows come
-/// quantized ([`fp8_quantize_kernel()`], once per call, as f32), a lane's `group` weight chunks of
-/// a step are loaded before any is used, and each 16-byte chunk is decoded once into registers
-/// and used for every row. One output row per unit row; cubes along x cover `mrows` rows each.
-/// (Quantizing the rows inside every cube instead measured 331 µs for 16 × 2688→10304 on the
-/// H200: the prologue repeated per cube.)
+/// quantized ([`fp8_quantize_kernel()`], once per call, stored in the activation type: every
+/// E4M3 value is exact there), each 16-byte weight chunk is decoded once into registers and used
+/// for every row. One output row per unit row; cubes along x cover `mrows` rows each.
+/// Measured on the H200 for 16 × 2688→10304: quantizing inside every cube 331 µs (the prologue
+/// repeated per cube); this form 122 µs; with the rows quantized to f32 and a lane's chunks loaded
+/// in groups, 256 µs (twice the activation bytes through L1 per weight chunk) — so not that.
 #[cube(launch_unchecked)]
 pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
-    xq: &[Vector<f32, NX>],
+    xq: &[Vector<F, NX>],
     weight: &[Vector<u32, NW>],
     input_scales: &[f32],
     weight_scales: &[f32],
@@ -264,7 +264,6 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     n_out: u32,
     slots: u32,
     #[comptime] mrows: usize,
-    #[comptime] group: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] relu2: bool,
@@ -275,57 +274,50 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     let slots = slots as usize;
     let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let (n_out, k) = (n_out as usize, k as usize);
-    // Rows past the end compute on the last row (`fp8_load` clamps) and are never written.
+    // Rows past the end compute on the last row and are never written.
+    let row = n.min(n_out - 1);
     let chunks = k / 16;
     let mut acc = Array::<f32>::new(mrows);
     #[unroll]
     for m in 0..mrows {
         acc[m] = 0.0f32;
     }
-    let mut words = Array::<u32>::new(group * 4);
     let mut wd = Array::<f32>::new(16usize);
-    let step = CUBE_DIM_X as usize;
-    let mut c0 = UNIT_POS_X as usize;
-    while c0 < chunks {
-        fp8_load(weight, &mut words, c0, chunks, step, 0usize, n, n_out, 1usize, group);
+    let mut c = UNIT_POS_X as usize;
+    while c < chunks {
+        let wv = weight[row * chunks + c];
         #[unroll]
-        for g in 0..group {
-            let c = c0 + g * step;
-            let valid = c < chunks;
-            let cc = c.min(chunks - 1);
-            #[unroll]
-            for w in 0..4usize {
-                let word = words[g * 4 + w];
-                if hw {
-                    let v = e4m3x4(word);
-                    wd[w * 4] = v.extract(0);
-                    wd[w * 4 + 1] = v.extract(1);
-                    wd[w * 4 + 2] = v.extract(2);
-                    wd[w * 4 + 3] = v.extract(3);
-                } else {
-                    wd[w * 4] = e4m3_scaled(word, 0u32);
-                    wd[w * 4 + 1] = e4m3_scaled(word, 1u32);
-                    wd[w * 4 + 2] = e4m3_scaled(word, 2u32);
-                    wd[w * 4 + 3] = e4m3_scaled(word, 3u32);
-                }
-            }
-            #[unroll]
-            for m in 0..mrows {
-                let xb = ((m0 + m).min(slots - 1) * k + cc * 16) / 4;
-                // The vector GEMV's sum order: weight by weight over the chunk.
-                let mut p = 0.0f32;
-                #[unroll]
-                for v in 0..4usize {
-                    let xv = xq[xb + v];
-                    p += wd[v * 4] * xv.extract(0);
-                    p += wd[v * 4 + 1] * xv.extract(1);
-                    p += wd[v * 4 + 2] * xv.extract(2);
-                    p += wd[v * 4 + 3] * xv.extract(3);
-                }
-                acc[m] += if valid { p } else { 0.0f32 };
+        for w in 0..4usize {
+            let word = wv.extract(w);
+            if hw {
+                let v = e4m3x4(word);
+                wd[w * 4] = v.extract(0);
+                wd[w * 4 + 1] = v.extract(1);
+                wd[w * 4 + 2] = v.extract(2);
+                wd[w * 4 + 3] = v.extract(3);
+            } else {
+                wd[w * 4] = e4m3_scaled(word, 0u32);
+                wd[w * 4 + 1] = e4m3_scaled(word, 1u32);
+                wd[w * 4 + 2] = e4m3_scaled(word, 2u32);
+                wd[w * 4 + 3] = e4m3_scaled(word, 3u32);
             }
         }
-        c0 += group * step;
+        #[unroll]
+        for m in 0..mrows {
+            let xb = ((m0 + m).min(slots - 1) * k + c * 16) / 4;
+            // The vector GEMV's sum order: weight by weight over the chunk.
+            let mut p = 0.0f32;
+            #[unroll]
+            for v in 0..4usize {
+                let xv = xq[xb + v];
+                p += wd[v * 4] * f32::cast_from(xv.extract(0));
+                p += wd[v * 4 + 1] * f32::cast_from(xv.extract(1));
+                p += wd[v * 4 + 2] * f32::cast_from(xv.extract(2));
+                p += wd[v * 4 + 3] * f32::cast_from(xv.extract(3));
+            }
+            acc[m] += p;
+        }
+        c += CUBE_DIM_X as usize;
     }
     // The weights were read as value · 2^-8 (bits) or as their value (hardware conversion).
     let scale = input_scales[0] * weight_scales[0] * if hw { 1.0f32 } else { 256.0f32 };
@@ -376,8 +368,7 @@ fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
     let hw = hw_decode(&c.x.client);
     if c.k % 16 == 0 && !c.routed && c.slots >= 2 {
         let len = c.slots * c.k;
-        let xq = empty(&c.x, [c.slots, c.k], DType::F32);
-        let group = gemv_group(c.k / 16, 1, FP8_CHUNK_BUDGET / 2 + 2);
+        let xq = empty(&c.x, [c.slots, c.k], c.dtype);
         let (count, dim) = elemwise(len);
         let mrows = small_m_rows(c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
@@ -414,7 +405,6 @@ fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
                         c.n as u32,
                         c.slots as u32,
                         mrows,
-                        group,
                         GEMV_UNITS,
                         plane,
                         c.relu2,
