@@ -978,6 +978,35 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             routed_scaling_factor: 2.5,
             weights_from_biased: false,
         };
+        // Decode attention (batch 1, 32 q heads over 2 kv heads, head 128) at 1K and 8K of
+        // context: append, scores, chunk partials, merge.
+        for ctx in [1024usize, 8192] {
+            let (nh, kvh, hd, cap) = (32usize, 2usize, 128usize, ctx + 64);
+            let q = act(&mut rng, vec![1, nh * hd]).reshape([1, nh, hd]);
+            let k = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
+            let v = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
+            let kp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros([1, kvh, cap, hd], (dev, dtype)));
+            let vp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros([1, kvh, cap, hd], (dev, dtype)));
+            let lens = Tensor::<1, Int>::from_data(TensorData::new(vec![ctx as i32], [1]), dev);
+            let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
+            rows.push(Row {
+                name: format!("decode attention 1×{nh} heads, {ctx} context"),
+                bytes: esize * (2 * kvh * (ctx + 1) * hd) as f64,
+                flops: 4.0 * (nh * (ctx + 1) * hd) as f64,
+                op: Box::new(move || {
+                    drop(ops::attention_step(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        kp.clone(),
+                        vp.clone(),
+                        &lens,
+                        &slot0,
+                        1.0 / (hd as f32).sqrt(),
+                    ))
+                }),
+            });
+        }
         rows.push(Row {
             name: "MoE routing 128 experts, top 6".into(),
             bytes: (4 * 2 * e + 8 * 6) as f64,

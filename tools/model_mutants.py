@@ -63,6 +63,8 @@ muts = [
   "    if ragged {\n        len = lens[b] as usize;", "    if false {\n        len = lens[b] as usize;", "ops"),
  ("decode attention reads query head h's own kv head", "nemotron-kernels/src/cube/attention/decode.rs",
   "    let g = h / (nh / kvh);\n    let kb", "    let g = h % kvh;\n    let kb", "ops"),
+ ("decode attention merges only the first chunk of a long context", "nemotron-kernels/src/cube/attention/decode.rs",
+  "    let used = n.div_ceil(chunk);", "    let used = 1usize.min(n.div_ceil(chunk));", "ops"),
  ("conv step does not shift its state", "nemotron-kernels/src/cube/mamba/step.rs",
   "    for kk in 1..km1 {\n        pool[base + kk - 1] = pool[base + kk];\n    }", "", "ops"),
  ("length advance skipped", "nemotron-kernels/src/cube/slots.rs",
