@@ -127,8 +127,9 @@ impl Checkpoint {
     pub fn load_with(dir: impl AsRef<Path>, mut opts: LoadOptions<'_>) -> Result<Self> {
         let dir = dir.as_ref();
         let (config, recipe) = read_config(dir)?;
-        let plan = Plan::new(&config, &recipe)?;
         let shards = ShardSet::open(dir)?;
+        Plan::check_claims(&config, shards.entries.len())?;
+        let plan = Plan::new(&config, &recipe)?;
 
         // 1. Enumerate: every tensor present must be planned, every planned one present, in the
         //    declared dtype and shape.
@@ -231,6 +232,7 @@ impl Checkpoint {
         recipe: QuantRecipe,
         tensors: Vec<HostTensor>,
     ) -> Result<Self> {
+        Plan::check_claims(&config, tensors.len())?;
         let plan = Plan::new(&config, &recipe)?;
         let source: u64 = tensors.iter().map(|t| t.bytes.len() as u64).sum();
         let mut report = LoadReport::empty(&recipe, &config, tensors.len(), source, 0, 0);

@@ -102,6 +102,39 @@ pub struct PlanCounts {
 }
 
 impl Plan {
+    /// A lower bound on the tensors `cfg` implies (two per routed expert of every MoE layer, one
+    /// norm per layer, the embeddings): arithmetic on the config, no allocation, saturating.
+    pub fn min_tensors(cfg: &NemotronHConfig) -> u64 {
+        let experts = cfg
+            .moe
+            .as_ref()
+            .map_or(0, |c| (c.n_routed_experts as u64).saturating_mul(2));
+        // The backbone's layers only: the MTP tower's tensors are deferred and may be absent.
+        let moe_layers = cfg.layers.iter().filter(|&&k| k == LayerKind::Moe).count() as u64;
+        experts
+            .saturating_mul(moe_layers)
+            .saturating_add(cfg.layers.len() as u64)
+            .saturating_add(1)
+    }
+
+    /// Refuses a config that implies more tensors than the checkpoint holds (`held`), before the
+    /// plan is built: the plan enumerates every claimed expert, so a config claiming 10^9 experts
+    /// would otherwise cost time and memory in proportion to the claim before any refusal.
+    pub fn check_claims(cfg: &NemotronHConfig, held: usize) -> Result<()> {
+        let need = Self::min_tensors(cfg);
+        if need > held as u64 {
+            let experts = cfg.moe.as_ref().map_or(0, |c| c.n_routed_experts);
+            return Err(LoadError::Config {
+                field: "n_routed_experts".into(),
+                reason: format!(
+                    "{experts} routed experts over the config's layers imply at least {need} \
+                     tensors; the checkpoint holds {held}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     pub fn new(cfg: &NemotronHConfig, recipe: &QuantRecipe) -> Result<Self> {
         let mut b = Builder {
             cfg,

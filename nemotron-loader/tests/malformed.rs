@@ -414,6 +414,23 @@ fn eps_falls_back_to_norm_eps_then_rms_norm_eps() {
     );
 }
 
+/// A config claiming 10^9 routed experts is refused by name, at once: the refusal's cost must not
+/// grow with the claim (the plan enumerates every claimed expert; before the check it ran for
+/// minutes and gigabytes).
+#[test]
+fn a_billion_experts_are_refused_before_the_plan() {
+    let ck = Ck::new(LM, SHARD);
+    ck.edit_json("config.json", |v| v["n_routed_experts"] = json!(1_000_000_000u64));
+    let t0 = std::time::Instant::now();
+    let msg = ck.refused();
+    mentions(&msg, &["n_routed_experts", "1000000000", "the checkpoint holds"]);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(2),
+        "refusing took {:?}",
+        t0.elapsed()
+    );
+}
+
 #[test]
 fn pattern_and_num_layers_disagree() {
     let ck = Ck::new(LM, SHARD);
