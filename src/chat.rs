@@ -102,6 +102,8 @@ impl ChatTemplate {
             return Err(Error::NoReasoningSwitch);
         }
         let mut env = Environment::new();
+        // A checkpoint's template is untrusted code: bounded in instructions and in output.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -125,7 +127,56 @@ impl ChatTemplate {
                 eos_token => &self.eos_token }
             }
         };
-        tmpl.render(ctx).map_err(|e| Error::Template(describe(&e)))
+        let mut out = Bounded {
+            buf: Vec::new(),
+            max: TEMPLATE_MAX_BYTES,
+            over: false,
+        };
+        let rendered = tmpl.render_captured_to(ctx, &mut out);
+        if out.over {
+            return Err(Error::Template(format!(
+                "the rendered prompt passed {} MiB (a template that builds without end?)",
+                TEMPLATE_MAX_BYTES >> 20
+            )));
+        }
+        match rendered {
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(Error::Template(format!(
+                "the template ran past its budget of {TEMPLATE_FUEL} instructions (a loop that \
+                 does not end?)"
+            ))),
+            Err(e) => Err(Error::Template(describe(&e))),
+            Ok(_) => String::from_utf8(out.buf)
+                .map_err(|_| Error::Template("the rendered prompt is not UTF-8".into())),
+        }
+    }
+}
+
+/// Instructions a chat template may execute per render (a real one renders a long conversation in
+/// a few hundred thousand; a runaway loop stops within a second or so).
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// Bytes a rendered prompt may take.
+pub const TEMPLATE_MAX_BYTES: usize = 64 << 20;
+
+/// A writer that refuses to grow past `max` bytes (and says so in `over`).
+struct Bounded {
+    buf: Vec<u8>,
+    max: usize,
+    over: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.max {
+            self.over = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

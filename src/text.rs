@@ -72,6 +72,15 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// One past the largest id the tokenizer can produce (added tokens included).
+    pub fn id_bound(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -118,6 +118,18 @@ impl TextModel {
     ) -> Result<Self, Error> {
         let dir = dir.as_ref();
         let tokenizer = Tokenizer::from_dir(dir)?;
+        // A tokenizer that can produce ids past the embedding table is refused before the load.
+        let (config, _) = nemotron_loader::read_config(dir)?;
+        if tokenizer.id_bound() > config.vocab_size {
+            return Err(Error::Tokenizer {
+                path: dir.join("tokenizer.json"),
+                reason: format!(
+                    "the tokenizer's ids run to {}, past the model's vocab_size (config.json) {}",
+                    tokenizer.id_bound() - 1,
+                    config.vocab_size
+                ),
+            });
+        }
         let chat_template = ChatTemplate::from_dir(dir)?;
         let ck = Checkpoint::load_with(
             dir,

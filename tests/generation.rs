@@ -303,6 +303,40 @@ fn chat_template_renders_the_expected_prompt() {
     assert!(user_only.starts_with("<|im_start|>user\nx<|im_end|>"));
 }
 
+/// A hostile template is stopped: one that loops without end runs out of its instruction budget,
+/// one that builds a huge prompt hits the output limit — each a one-line error, quickly.
+#[test]
+fn hostile_templates_are_stopped() {
+    let base = ChatTemplate {
+        source: String::new(),
+        bos_token: String::new(),
+        eos_token: String::new(),
+    };
+    let cases = [
+        (
+            "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+            "budget",
+        ),
+        ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "MiB"),
+    ];
+    for (source, says) in cases {
+        let t = ChatTemplate {
+            source: source.into(),
+            ..base.clone()
+        };
+        let t0 = std::time::Instant::now();
+        let e = t
+            .render(&[Message::new("user", "x")], None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("chat template:") && e.contains(says) && !e.contains('\n'),
+            "{source}: {e}"
+        );
+        assert!(t0.elapsed().as_secs() < 20, "{source}: took {:?}", t0.elapsed());
+    }
+}
+
 #[test]
 fn template_errors_are_one_line() {
     let t = ChatTemplate {
@@ -345,6 +379,34 @@ fn missing_tokenizer_is_named() {
         .expect("no tokenizer")
         .to_string();
     assert!(e.contains("tokenizer.json") && e.contains("missing"), "{e}");
+}
+
+/// A tokenizer whose ids run past the model's vocabulary is refused naming both sizes.
+#[test]
+fn tokenizer_larger_than_the_vocabulary_is_refused() {
+    let dir = synth(SynthRecipe::Bf16, &Geometry::tiny(), 1);
+    add_text_files(dir.path(), 4);
+    let path = dir.path().join("tokenizer.json");
+    let mut tok: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let vocab = Geometry::tiny().vocab_size;
+    tok["added_tokens"]
+        .as_array_mut()
+        .expect("the test tokenizer lists added tokens")
+        // The tokenizers crate gives it the next free id (`vocab`), whatever id it names.
+        .push(serde_json::json!({"id": vocab + 40, "content": "<extra>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+    std::fs::write(&path, tok.to_string()).unwrap();
+    let e = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32)
+        .err()
+        .expect("a tokenizer past the vocabulary")
+        .to_string();
+    assert!(
+        e.contains("tokenizer.json")
+            && e.contains(&format!("run to {vocab}"))
+            && e.contains(&format!("vocab_size (config.json) {vocab}")),
+        "{e}"
+    );
 }
 
 #[test]

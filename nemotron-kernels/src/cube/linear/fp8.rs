@@ -93,7 +93,7 @@ const FP8_CHUNK_BUDGET: usize = 8;
 /// The vector GEMV (see [`crate::cube::linear::dispatch`]): the cube quantizes its activation
 /// row once into shared memory; a lane takes the 16-byte chunks (16 weights) `l, l + 32, …` of
 /// each of its `rows` rows, `group` chunks per step, all of a step's loads issued before any is
-/// used (branch-free, clamped; see [`super::nvfp4::nvfp4_gemv_kernel`]).
+/// used (branch-free, clamped; see [`crate::cube::linear::nvfp4::nvfp4_gemv_kernel()`]).
 #[cube(launch_unchecked)]
 pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     x: &[F],

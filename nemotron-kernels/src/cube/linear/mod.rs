@@ -106,9 +106,9 @@ pub(crate) fn e4m3x4(word: u32) -> Vector<f32, Const<4>> {
     Vector::<f32, Const<4>>::cast_from(Vector::<Fp8E4m3, Const<4>>::reinterpret(word))
 }
 
-/// Whether the device decodes E2M1/E4M3 with its own conversions ([`word_dot_f16`],
-/// [`e4m3x4`]): CUDA devices that convert E4M3 (sm_89+). Elsewhere (lavapipe) the kernels build
-/// the values from their bits ([`e2m1_quarter`], [`e4m3_scaled`]).
+/// Whether the device decodes E2M1/E4M3 with its own conversions (`word_dot_f16`, `e4m3x4`):
+/// CUDA devices that convert E4M3 (sm_89+). Elsewhere (lavapipe) the kernels build the values
+/// from their bits (`e2m1_quarter`, `e4m3_scaled`). `NEMOTRON_HW_DECODE=0` forces the bit path.
 pub fn hw_decode<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
     use cubecl::ir::{ElemType, FloatKind, StorageType};
     static FORCED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
