@@ -1,5 +1,6 @@
 //! Self-consistency of the host reference on synthetic checkpoints: incremental decode equals one
-//! prefill over a long sequence, and a ragged batch equals each sequence run alone.
+//! prefill over a long sequence, and a ragged batch equals each sequence run alone; a 1,000-token
+//! greedy decode stays on the prefill of its own tokens (host and wgpu: long-run drift).
 //!
 //! Band: both sides run the same f32 code on the host and differ only in summation order (matmul
 //! blocking depends on the row count), so the band is 1e-5 of the logit scale.
@@ -74,4 +75,59 @@ fn ragged_batch_equals_single() {
             "sequence {b} differs in a batch"
         );
     }
+}
+
+/// Long-run numerics: a 1,000-token greedy decode (each token the arg-max of the previous step's
+/// logits, one token per forward) against one prefill over the same 1,001 tokens, compared at every
+/// 100th position within the f32 band; the decode's greedy picks must equal the prefill's
+/// arg-max wherever the prefill's top two logits are apart by more than the band. Host and wgpu.
+fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 7);
+    let m = nemotron::model::NemotronH::load_as(dir.path(), &dev, burn::tensor::DType::F32)
+        .expect("tiny model loads");
+    let v = m.config().vocab_size;
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .0 as u32
+    };
+    let mut toks = vec![11u32];
+    let mut s = m.new_state();
+    let mut dec: Vec<Vec<f32>> = vec![];
+    for _ in 0..1000 {
+        let row = rows(m.forward_one(&toks[toks.len() - 1..], &mut s).unwrap());
+        toks.push(argmax(&row));
+        dec.push(row);
+    }
+    let mut s = m.new_state();
+    let full = rows(m.forward_one(&toks[..1000], &mut s).unwrap());
+    for p in (99..1000).step_by(100) {
+        let want = &full[p * v..(p + 1) * v];
+        let (d, scale) = diff(&dec[p], want);
+        eprintln!("position {}: max |Δ| {d:e} at logit scale {scale}", p + 1);
+        assert!(d <= BAND * scale, "position {}: max |Δ| {d} > {BAND} · {scale}", p + 1);
+    }
+    for (p, row) in dec.iter().enumerate() {
+        let want = &full[p * v..(p + 1) * v];
+        let mut sorted = want.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
+        if sorted[0] - sorted[1] > 2.0 * BAND * scale {
+            assert_eq!(argmax(row), argmax(want), "greedy pick at position {}", p + 1);
+        }
+    }
+}
+
+#[test]
+fn host_greedy_decode_of_1000_tokens_stays_on_prefill() {
+    greedy_decode_stays_on_prefill(host());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_greedy_decode_of_1000_tokens_stays_on_prefill() {
+    greedy_decode_stays_on_prefill(burn::tensor::Device::wgpu(
+        burn::tensor::DeviceKind::DefaultDevice,
+    ));
 }
