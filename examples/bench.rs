@@ -851,7 +851,13 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         });
     }
     // The Mamba in_proj whole and as the engine runs it (z, xBC, dt), and out_proj.
-    for (k, nout) in [(2688, 10304), (2688, 4096), (2688, 6144), (2688, 64), (4096, 2688)] {
+    for (k, nout) in [
+        (2688, 10304),
+        (2688, 4096),
+        (2688, 6144),
+        (2688, 64),
+        (4096, 2688),
+    ] {
         let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
         let x = act(&mut rng, vec![1, k]);
         rows.push(Row {
@@ -985,8 +991,14 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             let q = act(&mut rng, vec![1, nh * hd]).reshape([1, nh, hd]);
             let k = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
             let v = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
-            let kp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros([1, kvh, cap, hd], (dev, dtype)));
-            let vp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros([1, kvh, cap, hd], (dev, dtype)));
+            let kp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros(
+                [1, kvh, cap, hd],
+                (dev, dtype),
+            ));
+            let vp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros(
+                [1, kvh, cap, hd],
+                (dev, dtype),
+            ));
             let lens = Tensor::<1, Int>::from_data(TensorData::new(vec![ctx as i32], [1]), dev);
             let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
             rows.push(Row {

@@ -89,7 +89,13 @@ fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
     let argmax = |row: &[f32]| {
         row.iter()
             .enumerate()
-            .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+            .fold((0usize, f32::NEG_INFINITY), |b, (i, &x)| {
+                if x > b.1 {
+                    (i, x)
+                } else {
+                    b
+                }
+            })
             .0 as u32
     };
     let mut toks = vec![11u32];
@@ -106,7 +112,11 @@ fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
         let want = &full[p * v..(p + 1) * v];
         let (d, scale) = diff(&dec[p], want);
         eprintln!("position {}: max |Δ| {d:e} at logit scale {scale}", p + 1);
-        assert!(d <= BAND * scale, "position {}: max |Δ| {d} > {BAND} · {scale}", p + 1);
+        assert!(
+            d <= BAND * scale,
+            "position {}: max |Δ| {d} > {BAND} · {scale}",
+            p + 1
+        );
     }
     for (p, row) in dec.iter().enumerate() {
         let want = &full[p * v..(p + 1) * v];
@@ -114,7 +124,12 @@ fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
         sorted.sort_by(|a, b| b.total_cmp(a));
         let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
         if sorted[0] - sorted[1] > 2.0 * BAND * scale {
-            assert_eq!(argmax(row), argmax(want), "greedy pick at position {}", p + 1);
+            assert_eq!(
+                argmax(row),
+                argmax(want),
+                "greedy pick at position {}",
+                p + 1
+            );
         }
     }
 }

@@ -333,7 +333,11 @@ fn hostile_templates_are_stopped() {
             e.starts_with("chat template:") && e.contains(says) && !e.contains('\n'),
             "{source}: {e}"
         );
-        assert!(t0.elapsed().as_secs() < 20, "{source}: took {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed().as_secs() < 20,
+            "{source}: took {:?}",
+            t0.elapsed()
+        );
     }
 }
 
@@ -394,8 +398,10 @@ fn tokenizer_larger_than_the_vocabulary_is_refused() {
         .as_array_mut()
         .expect("the test tokenizer lists added tokens")
         // The tokenizers crate gives it the next free id (`vocab`), whatever id it names.
-        .push(serde_json::json!({"id": vocab + 40, "content": "<extra>", "single_word": false,
-            "lstrip": false, "rstrip": false, "normalized": false, "special": true}));
+        .push(
+            serde_json::json!({"id": vocab + 40, "content": "<extra>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+        );
     std::fs::write(&path, tok.to_string()).unwrap();
     let e = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32)
         .err()

@@ -420,10 +420,15 @@ fn eps_falls_back_to_norm_eps_then_rms_norm_eps() {
 #[test]
 fn a_billion_experts_are_refused_before_the_plan() {
     let ck = Ck::new(LM, SHARD);
-    ck.edit_json("config.json", |v| v["n_routed_experts"] = json!(1_000_000_000u64));
+    ck.edit_json("config.json", |v| {
+        v["n_routed_experts"] = json!(1_000_000_000u64)
+    });
     let t0 = std::time::Instant::now();
     let msg = ck.refused();
-    mentions(&msg, &["n_routed_experts", "1000000000", "the checkpoint holds"]);
+    mentions(
+        &msg,
+        &["n_routed_experts", "1000000000", "the checkpoint holds"],
+    );
     assert!(
         t0.elapsed() < std::time::Duration::from_secs(2),
         "refusing took {:?}",

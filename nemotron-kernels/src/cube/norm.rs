@@ -170,7 +170,10 @@ pub fn add_launch<R: CubeRuntime>(
         "add_rms_norm: rows of {h} exceed the kernel's {ADD_NORM_MAX_H}"
     );
     // Enough units that each holds at most 16 values (up to 1,024 units, then up to 32 values).
-    let units = h.div_ceil(16).next_power_of_two().clamp(NORM_UNITS as usize, 1024);
+    let units = h
+        .div_ceil(16)
+        .next_power_of_two()
+        .clamp(NORM_UNITS as usize, 1024);
     let per = h.div_ceil(units);
     macro_rules! go {
         ($t:ty) => {

@@ -145,7 +145,11 @@ pub fn linears_into_three_parts_match(arm: &Arm) {
             &Nvfp4Weights::upload(&nv, &href.dev),
             Epilogue::None,
         ));
-        let got = ops::nvfp4_linear3(arm.t(&x, [m, k]), &Nvfp4Weights::upload(&nv, &arm.dev), widths);
+        let got = ops::nvfp4_linear3(
+            arm.t(&x, [m, k]),
+            &Nvfp4Weights::upload(&nv, &arm.dev),
+            widths,
+        );
         for (i, part) in got.into_iter().enumerate() {
             assert_eq!(part.dims(), [m, widths[i]], "nvfp4 part {i} shape");
             let name = format!("nvfp4 {m}×{k}→{widths:?} part {i}");
@@ -160,7 +164,11 @@ pub fn linears_into_three_parts_match(arm: &Arm) {
             &Fp8Weights::upload(&f8, &href.dev),
             Epilogue::None,
         ));
-        let got = ops::fp8_linear3(arm.t(&x, [m, k]), &Fp8Weights::upload(&f8, &arm.dev), widths);
+        let got = ops::fp8_linear3(
+            arm.t(&x, [m, k]),
+            &Fp8Weights::upload(&f8, &arm.dev),
+            widths,
+        );
         for (i, part) in got.into_iter().enumerate() {
             assert_eq!(part.dims(), [m, widths[i]], "fp8 part {i} shape");
             let name = format!("fp8 {m}×{k}→{widths:?} part {i}");

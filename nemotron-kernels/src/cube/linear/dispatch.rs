@@ -71,7 +71,11 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
 /// memory round trips into one: every GEMV here is latency-bound, not bandwidth-bound, without
 /// it. `NEMOTRON_GEMV_GROUP=1..8` forces one value (tuning knob, read once).
 pub fn gemv_group(chunks: usize, rows: usize, budget: usize) -> usize {
-    if let Some(g) = knob(&GROUP_KNOB, "NEMOTRON_GEMV_GROUP", &[1, 2, 3, 4, 5, 6, 7, 8]) {
+    if let Some(g) = knob(
+        &GROUP_KNOB,
+        "NEMOTRON_GEMV_GROUP",
+        &[1, 2, 3, 4, 5, 6, 7, 8],
+    ) {
         return g;
     }
     chunks

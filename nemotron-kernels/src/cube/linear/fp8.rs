@@ -138,7 +138,9 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
     let mut words = Array::<u32>::new(group * rows * 4);
     let step = CUBE_DIM_X as usize;
     let mut c0 = UNIT_POS_X as usize;
-    fp8_load(weight, &mut words, c0, chunks, step, e, n0, n_out, rows, group);
+    fp8_load(
+        weight, &mut words, c0, chunks, step, e, n0, n_out, rows, group,
+    );
     let input_scale = input_scales[e];
     let mut xq = Shared::<[f32]>::new_slice(k);
     let mut i = UNIT_POS as usize;
@@ -184,7 +186,9 @@ pub fn fp8_gemv_kernel<F: Float, NW: Size>(
         }
         c0 += group * step;
         if c0 < chunks {
-            fp8_load(weight, &mut words, c0, chunks, step, e, n0, n_out, rows, group);
+            fp8_load(
+                weight, &mut words, c0, chunks, step, e, n0, n_out, rows, group,
+            );
         }
     }
     // The weights were read as value · 2^-8 (bits) or as their value (hardware conversion).
@@ -326,7 +330,18 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
         let total = lane_sum(acc[m], units, plane);
         if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
             let v = F::cast_from(epilogue(total * scale, relu2));
-            store3(y, y1, y2, m0 + m, n, n_out, a as usize, b as usize, v, split);
+            store3(
+                y,
+                y1,
+                y2,
+                m0 + m,
+                n,
+                n_out,
+                a as usize,
+                b as usize,
+                v,
+                split,
+            );
         }
     }
 }

@@ -13,13 +13,13 @@
 use super::dispatch::{gemv_dim, plane_reduce, GEMV_LANES, GEMV_UNITS};
 use super::nvfp4::word_dot;
 use super::{e4m3, epilogue, hw_decode, lane_sum, word_dot_f16, Call};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::cube::buffers::{arg, empty, with_float};
 use crate::Nvfp4Weights;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Routed slots from which the expert-major path runs: off by default — its first version measured
 /// 896 µs for 96 slots over 83 experts (2688→1856) on the H200 against the slot-major GEMV's

@@ -10,11 +10,11 @@ pub mod nvfp4;
 use super::buffers::{arg, empty, float_buf, i32_buf};
 pub(crate) use super::reduce::lane_sum;
 use crate::{Epilogue, Rows};
+use burn::tensor::f16;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
-use burn::tensor::f16;
 /// CubeCL's E4M3 element (the name `e4m3` is this module's bit-level decoder).
 type Fp8E4m3 = cubecl::e4m3;
 
@@ -112,7 +112,8 @@ pub(crate) fn e4m3x4(word: u32) -> Vector<f32, Const<4>> {
 pub fn hw_decode<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
     use cubecl::ir::{ElemType, FloatKind, StorageType};
     static FORCED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *FORCED_OFF.get_or_init(|| std::env::var("NEMOTRON_HW_DECODE").is_ok_and(|v| v == "0"));
+    let off =
+        *FORCED_OFF.get_or_init(|| std::env::var("NEMOTRON_HW_DECODE").is_ok_and(|v| v == "0"));
     !off && client
         .features()
         .type_usage(StorageType::Scalar(ElemType::Float(FloatKind::E4M3)))
@@ -292,12 +293,16 @@ impl<R: CubeRuntime> Call<R> {
 
     /// The three parts of an unsplit output `[slots, n]` (a kernel without the split store),
     /// each made dense.
-    pub fn slice3(y: CubeTensor<R>, widths: [usize; 3]) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    pub fn slice3(
+        y: CubeTensor<R>,
+        widths: [usize; 3],
+    ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
         use burn_cubecl::kernel::{into_contiguous, slice};
         let r = y.meta.shape()[0];
         let (a, b) = (widths[0], widths[0] + widths[1]);
         let n = b + widths[2];
-        let part = |range: std::ops::Range<usize>| into_contiguous(slice(y.clone(), &[0..r, range]));
+        let part =
+            |range: std::ops::Range<usize>| into_contiguous(slice(y.clone(), &[0..r, range]));
         (part(0..a), part(a..b), part(b..n))
     }
 

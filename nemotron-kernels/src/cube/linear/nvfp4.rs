@@ -16,9 +16,9 @@ use super::{
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
 use crate::{Epilogue, Nvfp4Weights, Rows};
+use burn::tensor::f16;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
-use burn::tensor::f16;
 use cubecl::prelude::*;
 
 /// Weight chunks a lane of the vector GEMV holds at once (`rows × group`): 16 bytes each, plus
@@ -368,7 +368,18 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
         let total = lane_sum(acc[m], units, plane);
         if UNIT_POS_X == 0 && n < n_out && m0 + m < slots {
             let v = F::cast_from(epilogue(total * g, relu2));
-            store3(y, y1, y2, m0 + m, n, n_out, a as usize, b as usize, v, split);
+            store3(
+                y,
+                y1,
+                y2,
+                m0 + m,
+                n,
+                n_out,
+                a as usize,
+                b as usize,
+                v,
+                split,
+            );
         }
     }
 }
