@@ -25,7 +25,7 @@
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
-use nemotron::kernels::cube::linear::grouped;
+use nemotron::kernels::cube::linear::mma;
 use nemotron::kernels::rng::Lcg;
 use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
@@ -68,8 +68,9 @@ struct Args {
     repeats: usize,
     #[arg(long)]
     no_hf: bool,
-    /// After the throughput runs, measure eager vs graph-replayed batch-1 decode steps
-    /// (`--decode 0` skips the throughput runs).
+    /// After the throughput runs, measure eager vs graph-replayed batch-1 decode steps; with
+    /// --engine, the engine's captured slot step at each --batch: replays back to back against
+    /// engine round trips (`--decode 0` skips the throughput runs).
     #[arg(long)]
     graph: bool,
     /// Decode on the engine (fixed slots, continuous batching) instead of the ragged forward.
@@ -239,7 +240,7 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         .map(|i| ((i * 7919 + 13) % v) as u32)
         .collect();
     if a.step_kernels {
-        return step_kernels(&m, dev, &prompt, a.engine);
+        return step_kernels(&m, dev, &prompt, a.engine, a.batch[0]);
     }
     let mut first = (0.0, 0.0);
     let runs: Vec<(usize, usize)> = if a.decode == 0 {
@@ -303,7 +304,11 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         );
     }
     let (p, d) = first;
-    if a.graph {
+    if a.graph && a.engine {
+        for &b in &a.batch {
+            slot_step(a, &m, dev, &prompt, b)?;
+        }
+    } else if a.graph {
         graph_step(a, &m, dev, &prompt)?;
     }
     if a.split {
@@ -534,15 +539,26 @@ fn graph_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32]) -> Res<()> 
     Ok(())
 }
 
-/// One batch-1 decode step between cuProfilerStart and cuProfilerStop (after warm-up steps), for
+/// One decode step between cuProfilerStart and cuProfilerStop (after warm-up steps), for
 /// `ncu --profile-from-start off`; prints the step's host and wall time. With `slots`, the step is
-/// the engine's (`decode_slots` on one slot), otherwise the ragged forward's.
-fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool) -> Res<()> {
+/// the engine's (`decode_slots` over `batch` slots, each holding the same prefilled prompt),
+/// otherwise the ragged forward's (batch 1).
+fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool, batch: usize) -> Res<()> {
+    let batch = if slots { batch.max(1) } else { 1 };
     let (state, ids) = prefilled(m, dev, prompt)?;
-    let mut st = m.new_slots(1, prompt.len() + 8)?;
-    m.load_slot(&mut st, 0, &state)?;
-    let slot = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), (dev, BDType::I32));
-    let ids = ids.cast(BDType::I32);
+    let mut st = m.new_slots(batch, prompt.len() + 8)?;
+    let load_all = |st: &mut nemotron::model::SlotState| -> Res<()> {
+        for s in 0..batch {
+            m.load_slot(st, s, &state)?;
+        }
+        Ok(())
+    };
+    load_all(&mut st)?;
+    let slot = Tensor::<1, Int>::from_data(
+        TensorData::new((0..batch as i32).collect::<Vec<_>>(), [batch]),
+        (dev, BDType::I32),
+    );
+    let ids = ids.cast(BDType::I32).repeat_dim(0, batch);
     let step = |st: &mut nemotron::model::SlotState| -> Tensor<2> {
         if slots {
             m.decode_slots(st, &ids, &slot)
@@ -555,8 +571,8 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool) -> Res
     for _ in 0..3 {
         let _ = step(&mut st);
     }
-    // The slot's length advanced with every step: rewind it (outside the profiled range).
-    m.load_slot(&mut st, 0, &state)?;
+    // The slots' lengths advanced with every step: rewind them (outside the profiled range).
+    load_all(&mut st)?;
     sync(dev);
     profiler(true)?;
     let t0 = Instant::now();
@@ -567,10 +583,72 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool) -> Res
     profiler(false)?;
     drop(out);
     println!(
-        "profiled one {} decode step: host dispatch {:.1} µs, wall {:.1} µs",
+        "profiled one {} decode step (batch {batch}): host dispatch {:.1} µs, wall {:.1} µs",
         if slots { "slot (engine)" } else { "ragged" },
         (t1 - t0).as_secs_f64() * 1e6,
         (t2 - t0).as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
+/// The engine's decode step over `batch` slots (each holding the same prefilled prompt), captured
+/// as the engine captures it: `n` replays back to back between two syncs, what the device takes
+/// per step (the engine's own step time adds the host's share).
+fn slot_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize) -> Res<()> {
+    use burn::tensor::capture;
+    let n = 20usize;
+    let reps = a.repeats.max(1) + 1;
+    let (state, ids) = prefilled(m, dev, prompt)?;
+    // Every replay advances the slots' lengths on the device: room for all of them.
+    let mut st = m.new_slots(batch, prompt.len() + 2 * n * reps + 16)?;
+    for s in 0..batch {
+        m.load_slot(&mut st, s, &state)?;
+    }
+    let tok: Vec<i64> = ids
+        .into_data()
+        .convert::<i64>()
+        .into_vec()
+        .map_err(|e| format!("{e:?}"))?;
+    let gi = Tensor::<1, Int>::from_data(
+        TensorData::new(vec![tok[0] as i32; batch], [batch]),
+        (dev, BDType::I32),
+    );
+    let gs = Tensor::<1, Int>::from_data(
+        TensorData::new((0..batch as i32).collect::<Vec<_>>(), [batch]),
+        (dev, BDType::I32),
+    );
+    let (ci, cs, cst) = (gi.clone(), gs.clone(), st.clone());
+    let mut g = capture(dev, move || {
+        let mut s = cst.clone();
+        let l = m.decode_slots(&mut s, &ci.clone().reshape([batch, 1]), &cs);
+        let am = ops::argmax_rows(l.clone());
+        (l, am)
+    });
+    if !g.is_hardware() {
+        println!("slot step, batch {batch}: graphs not supported on this device; skipped");
+        return Ok(());
+    }
+    let mut dev_t = vec![];
+    for _ in 0..reps {
+        sync(dev);
+        let t0 = Instant::now();
+        for _ in 0..n {
+            // Safety: the model and the captured clones outlive the graph; one stream, this thread.
+            unsafe {
+                g.replay();
+            }
+        }
+        sync(dev);
+        dev_t.push(t0.elapsed().as_secs_f64() / n as f64);
+    }
+    let d = median(dev_t[1..].to_vec());
+    println!(
+        "slot step, batch {batch}, position {}: {n} replays back to back {:.1} µs/step ({:.1} tok/s; \
+         the engine's step above adds the host's share: ids written, greedy ids read back), median of {}",
+        prompt.len(),
+        d * 1e6,
+        batch as f64 / d,
+        reps - 1
     );
     Ok(())
 }
@@ -805,7 +883,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         });
     }
     // Batches 16 and 64: 96 / 384 routed slots over 128 experts (duplicates, as routing gives
-    // them), slot-major and expert-major.
+    // them), slot-major GEMV and tensor cores (grouped by expert).
+    let gemv = (usize::MAX, usize::MAX);
+    let tc = (1usize, 1usize);
     for tokens in [16usize, 64] {
         let (k, nout) = (2688, 1856);
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
@@ -815,7 +895,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             .collect();
         let uniq = ids.iter().collect::<std::collections::HashSet<_>>().len();
         let idx = Tensor::<1, Int>::from_data(TensorData::new(ids, [tokens * 6]), dev);
-        for (path, min_slots) in [("slot-major", usize::MAX), ("expert-major", 1)] {
+        for (path, min) in [("slot-major GEMV", gemv), ("tensor cores", tc)] {
             let (x, idx, w) = (x.clone(), idx.clone(), w.clone());
             rows.push(Row {
                 name: format!(
@@ -826,7 +906,8 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     + esize * (tokens * k + tokens * 6 * nout) as f64,
                 flops: 2.0 * (tokens * 6 * k * nout) as f64,
                 op: Box::new(move || {
-                    grouped::set_grouped_min_slots(min_slots);
+                    let saved = mma::mma_min();
+                    mma::set_mma_min(min.0, min.1);
                     drop(ops::nvfp4_expert_linear(
                         x.clone(),
                         idx.clone(),
@@ -834,21 +915,53 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                         &w,
                         Epilogue::Relu2,
                     ));
-                    grouped::set_grouped_min_slots(grouped::GROUPED_MIN_SLOTS);
+                    mma::set_mma_min(saved.0, saved.1);
                 }),
             });
         }
     }
-    {
-        let (k, tokens) = (2688, 16);
-        let w = Fp8Weights::upload(&[fp8(&mut rng, 10304, k)], dev);
+    // Batched plain linears: the shared expert's up projection and lm_head (NVFP4), Mamba's
+    // in_proj and out_proj (FP8), small-M GEMV against tensor cores.
+    for (tokens, k, nout, fp8w) in [
+        (16usize, 2688usize, 3712usize, false),
+        (64, 2688, 3712, false),
+        (16, 2688, 131072, false),
+        (16, 2688, 10304, true),
+        (64, 2688, 10304, true),
+        (64, 4096, 2688, true),
+    ] {
         let x = act(&mut rng, vec![tokens, k]);
-        rows.push(Row {
-            name: format!("FP8 W8A8 {tokens} rows {k}→10304"),
-            bytes: (10304 * k) as f64 + esize * tokens as f64 * (k + 10304) as f64,
-            flops: 2.0 * (tokens * k * 10304) as f64,
-            op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
-        });
+        let (wbytes, run): (f64, Box<dyn Fn(Tensor<2>)>) = if fp8w {
+            let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+            (
+                (nout * k) as f64,
+                Box::new(move |x| drop(ops::fp8_linear(x, &w, Epilogue::None))),
+            )
+        } else {
+            let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+            (
+                (nout * k / 2 + nout * k / 16) as f64,
+                Box::new(move |x| drop(ops::nvfp4_linear(x, &w, Epilogue::None))),
+            )
+        };
+        let run = std::rc::Rc::new(run);
+        for (path, min) in [("small-M GEMV", gemv), ("tensor cores", tc)] {
+            let (x, run) = (x.clone(), run.clone());
+            rows.push(Row {
+                name: format!(
+                    "{} {tokens} rows {k}→{nout} {path}",
+                    if fp8w { "FP8 W8A8" } else { "NVFP4" }
+                ),
+                bytes: wbytes + esize * tokens as f64 * (k + nout) as f64,
+                flops: 2.0 * (tokens * k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma_min();
+                    mma::set_mma_min(min.0, min.1);
+                    run(x.clone());
+                    mma::set_mma_min(saved.0, saved.1);
+                }),
+            });
+        }
     }
     // The Mamba in_proj whole and as the engine runs it (z, xBC, dt), and out_proj.
     for (k, nout) in [

@@ -112,6 +112,9 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
         _ => DType::F32,
     };
     let w = contiguous_as(w, wd);
+    if let Some(y) = super::linear::mma::dense(&x, &w) {
+        return y;
+    }
     let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
     let n = w.meta.shape()[0];
     if m > GEMV_MAX_ROWS || k % 4 != 0 {

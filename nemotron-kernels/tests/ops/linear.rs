@@ -330,3 +330,138 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
         }
     }
 }
+
+/// The batched linears with the tensor-core path on and off (it runs where the arm has it: CUDA
+/// bf16; elsewhere both passes take the GEMVs), against the reference: NVFP4 plain (rows from 4:
+/// one to eight token tiles per pass, ragged tiles, output rows not a multiple of 16, `k = 1856`
+/// whose last 128-input step is half empty), NVFP4 routed experts (grouped by expert, groups of
+/// 1–20 slots), FP8 plain into three parts (Mamba's `in_proj`) and plain with relu², dense bf16.
+pub fn mma_linears_match(arm: &Arm) {
+    use nemotron_kernels::cube::linear::mma;
+    let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
+    let (saved_rows, saved_slots) = mma::mma_min();
+    let paths = [
+        ("tensor cores", 1usize, 1usize),
+        ("GEMV", usize::MAX, usize::MAX),
+    ];
+    for (m, n, k) in [
+        (4, 40, 1856),
+        (13, 33, 2688),
+        (16, 50, 64),
+        (37, 24, 128),
+        (70, 16, 96),
+    ] {
+        let w = [nvfp4_case(&mut rng, n, k)];
+        let x = rng.vec(m * k, 1.0);
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::nvfp4_linear(
+                href.t(&x, [m, k]),
+                &Nvfp4Weights::upload(&w, &href.dev),
+                epi,
+            ));
+            for (path, rows, slots) in paths {
+                mma::set_mma_min(rows, slots);
+                let got = host(ops::nvfp4_linear(
+                    arm.t(&x, [m, k]),
+                    &Nvfp4Weights::upload(&w, &arm.dev),
+                    epi,
+                ));
+                let name = format!("nvfp4 {path} {epi:?} {m}×{k}→{n}");
+                close(&name, &got, &want, mult * arm.band.lin);
+            }
+        }
+    }
+    let (e, k_top) = (6, 3);
+    for (tokens, n, k, div) in [(12, 24, 1856, 3), (40, 40, 64, 1), (5, 17, 2688, 3)] {
+        let slots = tokens * k_top;
+        let idx = routing(&mut rng, tokens, k_top, e);
+        let rows = slots / div;
+        let x = rng.vec(rows * k, 1.0);
+        let nv: Vec<Nvfp4Matrix> = (0..e).map(|_| nvfp4_case(&mut rng, n, k)).collect();
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::nvfp4_expert_linear(
+                href.t(&x, [rows, k]),
+                href.int(&idx),
+                div,
+                &Nvfp4Weights::upload(&nv, &href.dev),
+                epi,
+            ));
+            for (path, rows_min, slots_min) in paths {
+                mma::set_mma_min(rows_min, slots_min);
+                let got = host(ops::nvfp4_expert_linear(
+                    arm.t(&x, [rows, k]),
+                    arm.int(&idx),
+                    div,
+                    &Nvfp4Weights::upload(&nv, &arm.dev),
+                    epi,
+                ));
+                let name = format!("nvfp4 experts {path} {epi:?} {slots} slots {k}→{n} div {div}");
+                close(&name, &got, &want, mult * arm.band.lin);
+            }
+        }
+    }
+    for (m, k, widths) in [
+        (5, 2688, [40, 56, 8]),
+        (16, 48, [5, 70, 16]),
+        (33, 4096, [24, 8, 9]),
+    ] {
+        let n: usize = widths.iter().sum();
+        let x = rng.vec(m * k, 3.0);
+        let f8 = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
+        let starts = [0, widths[0], widths[0] + widths[1]];
+        for (epi, mult) in EPILOGUES {
+            let want = host(ops::fp8_linear(
+                href.t(&x, [m, k]),
+                &Fp8Weights::upload(&f8, &href.dev),
+                epi,
+            ));
+            for (path, rows, slots) in paths {
+                mma::set_mma_min(rows, slots);
+                let got = host(ops::fp8_linear(
+                    arm.t(&x, [m, k]),
+                    &Fp8Weights::upload(&f8, &arm.dev),
+                    epi,
+                ));
+                close(
+                    &format!("fp8 {path} {epi:?} {m}×{k}→{n}"),
+                    &got,
+                    &want,
+                    mult * arm.band.lin,
+                );
+                if epi != Epilogue::None {
+                    continue;
+                }
+                let parts = ops::fp8_linear3(
+                    arm.t(&x, [m, k]),
+                    &Fp8Weights::upload(&f8, &arm.dev),
+                    widths,
+                );
+                for (i, part) in parts.into_iter().enumerate() {
+                    let cols: Vec<f32> = want
+                        .chunks(n)
+                        .flat_map(|row| row[starts[i]..starts[i] + widths[i]].to_vec())
+                        .collect();
+                    let name = format!("fp8 {path} {m}×{k}→{widths:?} part {i}");
+                    close(&name, &host(part), &cols, arm.band.lin);
+                }
+            }
+        }
+    }
+    // Dense bf16 (attention projections): `k = 72` leaves a ragged last step.
+    for (m, n, k) in [(5, 40, 2688), (19, 33, 72), (64, 24, 4096)] {
+        let x = rng.vec(m * k, 1.0);
+        let w = rng.vec(n * k, 0.05);
+        let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));
+        for (path, rows, slots) in paths {
+            mma::set_mma_min(rows, slots);
+            let got = host(ops::dense_linear(arm.t(&x, [m, k]), arm.t(&w, [n, k])));
+            close(
+                &format!("dense {path} {m}×{k}→{n}"),
+                &got,
+                &want,
+                arm.band.lin,
+            );
+        }
+    }
+    mma::set_mma_min(saved_rows, saved_slots);
+}

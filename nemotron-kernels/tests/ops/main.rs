@@ -203,6 +203,7 @@ arms! {
     linears_into_three => linear::linears_into_three_parts_match,
     e4m3_codes => linear::e4m3_codes_decode_as_defined,
     e2m1_codes => linear::e2m1_codes_decode_as_defined,
+    mma_linears => linear::mma_linears_match,
     rms_norm => norm::rms_norm_matches,
     add_rms_norm => norm::add_rms_norm_matches,
     moe_route => route::moe_route_matches,

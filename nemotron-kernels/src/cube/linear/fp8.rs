@@ -376,8 +376,11 @@ pub fn launch3<R: CubeRuntime>(
     (c.y, c.y1, c.y2)
 }
 
-/// Launches the small-M, vector or scalar kernel for `c`.
+/// Launches the tensor-core path ([`super::mma`]), the small-M, vector or scalar kernel for `c`.
 fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
+    if super::mma::fp8(c, &w) {
+        return;
+    }
     let (sa, sb) = c.split_args();
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
     let hw = hw_decode(&c.x.client);

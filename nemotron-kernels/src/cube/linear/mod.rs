@@ -5,6 +5,7 @@
 pub mod dispatch;
 pub mod fp8;
 pub mod grouped;
+pub mod mma;
 pub mod nvfp4;
 
 use super::buffers::{arg, empty, float_buf, i32_buf};

@@ -384,7 +384,8 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// Launches the expert-major path for routed batches ([`super::grouped`]),
+/// Launches the tensor-core path for batches ([`super::mma`]), the expert-major path for routed
+/// batches ([`super::grouped`]),
 /// [`nvfp4_small_m_kernel()`] (plain, 2+ rows), [`nvfp4_gemv_kernel()`] (one row, or routed) or
 /// [`nvfp4_linear_kernel()`] (`in % 32 != 0`) for `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
@@ -395,6 +396,9 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
+    if let Some(y) = super::mma::nvfp4(&c, &w) {
+        return y;
+    }
     if let Some(y) = super::grouped::launch(&c, &w) {
         return y;
     }
@@ -413,7 +417,9 @@ pub fn launch3<R: CubeRuntime>(
         return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
     }
     let c = Call::new3(x, widths);
-    run(&c, &w);
+    if super::mma::nvfp4(&c, &w).is_none() {
+        run(&c, &w);
+    }
     (c.y, c.y1, c.y2)
 }
 

@@ -1,0 +1,698 @@
+//! Tensor-core linears for batches (CUDA `mma.sync`, bf16 activations): NVFP4 W4A16 (plain, or
+//! routed experts grouped by expert) and FP8 W8A8 (plain). A warp computes a 16-output-row tile
+//! for 8 tokens per `mma` — the weights are the `A` operand (16 × K), the activations `B` (K × 8)
+//! — so a weight is decoded once per 8 tokens instead of once per token, and the products run on
+//! the tensor cores instead of the FMA pipes. The weights stay packed in device memory and are
+//! decoded in registers right before the `mma`.
+//!
+//! **K order.** A dot product does not care in which order its terms are summed, so each lane
+//! feeds the `mma` with the elements it loaded itself: lane `(g, t)` (`g = lane / 4`,
+//! `t = lane % 4`) of a step holds, by the `mma` fragment layout, the `A` elements of rows `g`
+//! and `g + 8` at logical `k ∈ {2t, 2t+1, 2t+8, 2t+9}` (bf16; `{4t..4t+3, 4t+16..4t+19}` for
+//! E4M3), and the `B` elements of token `g` at the same logical `k`. Those logical positions are
+//! mapped to physical inputs inside the lane's own 16-byte weight chunk, identically for `A` and
+//! `B`, so no data moves between lanes:
+//! - NVFP4 (chunk = 32 inputs, two 16-input scale blocks): word `w` of the chunk (8 nibbles)
+//!   feeds two steps; the f16 trick of [`super::word_dot_f16`] places nibbles `(p, p + 4)` as an
+//!   f16 pair `E2M1 · 2^-14`, exact; times `block scale · 2^14` in f32 it is `E2M1 · scale`
+//!   exactly (at most 6 significant bits), converted to bf16 exactly. Step `2w + h` takes pairs
+//!   `2h` (logical `2t, 2t+1`) and `2h + 1` (logical `2t+8, 2t+9`); `B` takes the activations at
+//!   the same physical inputs `(8w + p, 8w + p + 4)`.
+//! - FP8 (chunk = 16 inputs): step `h` takes words `2h, 2h + 1` of the chunk as they are, for
+//!   the weights and for the activations quantized to E4M3 with the static input scale (the
+//!   checkpoint's own W8A8 math; no decode at all). Each `k32` step goes into a zeroed
+//!   accumulator added to the running sum in f32, so the tensor core's internal FP8 accumulation
+//!   spans 32 products only.
+//!
+//! The global / tensor scales multiply the f32 sums at the end, as the GEMVs do. Products are
+//! exact in both cases (bf16 · bf16 and E4M3 · E4M3 fit f32), so results differ from the GEMVs
+//! by summation order only: the bf16 band of the ops tests.
+//!
+//! Grid: x = blocks of [`WARPS`] 16-row tiles, y = experts (routed) or 1. Tokens are taken `8 ·
+//! nt` per pass; a routed cube whose expert has no slot leaves at once.
+
+use super::super::buffers::{arg, elemwise, empty, f32_buf, handle_arg};
+use super::grouped::moe_group_kernel;
+use super::{e4m3, e4m3_round, epilogue, store3, Call};
+use crate::{Fp8Weights, Nvfp4Weights};
+use burn::tensor::{bf16, f16, DType};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeRuntime};
+use cubecl::cmma::MmaDefinition;
+use cubecl::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+type Fp8E4m3 = cubecl::e4m3;
+
+/// Warps (16-row tiles) per cube.
+pub const WARPS: u32 = 4;
+
+/// Rows of `x` from which a plain linear runs on the tensor cores (bf16, CUDA).
+pub const MMA_MIN_ROWS: usize = 4;
+/// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
+pub const MMA_MIN_SLOTS: usize = 32;
+
+/// Routing slots up to which the routed path applies: the grouping kernel stages the expert ids
+/// in shared memory and is compiled per slot count (decode batches: a few padded sizes). Larger
+/// routed calls (prefill) keep the GEMVs until the prefill's grouped MoE sorts on the device.
+pub const MMA_MAX_SLOTS: usize = 1024;
+
+static MIN_ROWS: AtomicUsize = AtomicUsize::new(MMA_MIN_ROWS);
+static MIN_SLOTS: AtomicUsize = AtomicUsize::new(MMA_MIN_SLOTS);
+
+/// Sets the thresholds from which plain linears (`rows`) and routed experts (`slots`) take the
+/// tensor-core path (process-wide; for tests and benchmarks — `usize::MAX` turns a path off).
+pub fn set_mma_min(rows: usize, slots: usize) {
+    MIN_ROWS.store(rows, Ordering::Relaxed);
+    MIN_SLOTS.store(slots, Ordering::Relaxed);
+}
+
+/// The current thresholds `(rows, slots)` of [`set_mma_min`].
+pub fn mma_min() -> (usize, usize) {
+    (
+        MIN_ROWS.load(Ordering::Relaxed),
+        MIN_SLOTS.load(Ordering::Relaxed),
+    )
+}
+
+/// Whether the device runs `mma` with `a`/`b` inputs of `ab` into f32 at `16 × 8 × k`, and
+/// `NEMOTRON_MMA` is not `0`.
+fn supported<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    ab: cubecl::ir::StorageType,
+    k: u32,
+) -> bool {
+    use cubecl::ir::features::MmaConfig;
+    use cubecl::ir::{ElemType, FloatKind};
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| match std::env::var("NEMOTRON_MMA").as_deref() {
+        Ok("0") => true,
+        Ok("1") | Err(_) => false,
+        Ok(v) => {
+            eprintln!("NEMOTRON_MMA={v:?} ignored: expected 0 (no tensor cores) or 1");
+            false
+        }
+    });
+    !off && client.features().matmul.mma.contains(&MmaConfig {
+        a_type: ab,
+        b_type: ab,
+        cd_type: ElemType::Float(FloatKind::F32).into(),
+        m: 16,
+        n: 8,
+        k,
+    })
+}
+
+/// `E2M1 · scale` of nibbles `(p, p + 4)` of `word` as a bf16 pair, exactly (see the module docs):
+/// the nibbles as f16 `E2M1 · 2^-14`, to f32, times `scale` (which carries the `2^14`), to bf16.
+#[cube]
+fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
+    let mag = if p < 3 {
+        (word << (9 - 4 * p)) & 0x0E00_0E00u32
+    } else {
+        (word >> 3u32) & 0x0E00_0E00u32
+    };
+    let sign = (word << (12 - 4 * p)) & 0x8000_8000u32;
+    let h = Vector::<f16, Const<2>>::reinterpret(mag | sign);
+    let f = Vector::<f32, Const<2>>::cast_from(h) * Vector::new(scale);
+    Vector::<bf16, Const<2>>::cast_from(f)
+}
+
+/// One `mma` step `2w + h` of [`nvfp4_mma_kernel()`] for every token tile: the `A` fragment from
+/// the words `wa` (row `g`) and `wb` (row `g + 8`), the `B` fragments from each tile's activations
+/// at vector `base` of its row.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn nvfp4_step<NX: Size>(
+    wa: u32,
+    wb: u32,
+    sa: f32,
+    sb: f32,
+    x: &[Vector<bf16, NX>],
+    xrow: &Array<usize>,
+    base: usize,
+    acc: &mut Array<Vector<f32, Const<2>>>,
+    #[comptime] nt: usize,
+    #[comptime] h: u32,
+) {
+    let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
+    let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
+    ra[0] = e2m1_pair(wa, sa, 2 * h);
+    ra[1] = e2m1_pair(wb, sb, 2 * h);
+    ra[2] = e2m1_pair(wa, sa, 2 * h + 1);
+    ra[3] = e2m1_pair(wb, sb, 2 * h + 1);
+    let (p0, p1) = ((2 * h) as usize, (2 * h + 1) as usize);
+    #[unroll]
+    for j in 0..nt {
+        let xv = x[xrow[j] + base];
+        let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
+        let mut v0 = Vector::<bf16, Const<2>>::empty();
+        v0.insert(0usize, xv.extract(p0));
+        v0.insert(1usize, xv.extract(p0 + 4));
+        let mut v1 = Vector::<bf16, Const<2>>::empty();
+        v1.insert(0usize, xv.extract(p1));
+        v1.insert(1usize, xv.extract(p1 + 4));
+        rb[0] = v0;
+        rb[1] = v1;
+        let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+        cr[0] = acc[2 * j];
+        cr[1] = acc[2 * j + 1];
+        def.execute_inplace(&ra, &rb, &mut cr);
+        acc[2 * j] = cr[0];
+        acc[2 * j + 1] = cr[1];
+    }
+}
+
+/// `y[s, n] = epi(gs[e] · Σ_j W_e[n, j] · x[s / div, j])` on the tensor cores, NVFP4 weights, bf16
+/// activations: for every token of expert `e` (`members`, routed) or every row of `x` (plain).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
+    x: &[Vector<bf16, NX>],
+    counts: &[u32],
+    members: &[u32],
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    globals: &[f32],
+    y: &mut [bf16],
+    y1: &mut [bf16],
+    y2: &mut [bf16],
+    a: u32,
+    b: u32,
+    k: u32,
+    n_out: u32,
+    tokens: u32,
+    pairs: u32,
+    div: u32,
+    #[comptime] nt: usize,
+    #[comptime] routed: bool,
+    #[comptime] relu2: bool,
+    #[comptime] split: bool,
+) {
+    // Plain calls run one row of cubes: `CUBE_POS_Y` is 0.
+    let e = CUBE_POS_Y as usize;
+    let count = if routed {
+        counts[e] as usize
+    } else {
+        tokens as usize
+    };
+    let (n_out, k, pairs) = (n_out as usize, k as usize, pairs as usize);
+    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
+    // Uniform over a warp (the `mma` needs all 32 lanes).
+    if count == 0 || tile >= n_out {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let (g, t) = (lane / 4, lane % 4);
+    // Rows past the end compute on the last row and are never written.
+    let row0 = e * n_out + (tile + g).min(n_out - 1);
+    let row1 = e * n_out + (tile + g + 8).min(n_out - 1);
+    let (chunks, nb) = (k / 32, k / 16);
+    let iters = chunks.div_ceil(4);
+    let gs = globals[e];
+    let mut pass = 0usize;
+    while pass < count {
+        let mut xrow = Array::<usize>::new(nt);
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        #[unroll]
+        for j in 0..nt {
+            // Tokens past the end read the last one and are never written.
+            let tok = (pass + j * 8 + g).min(count - 1);
+            let s = if routed {
+                members[e * pairs + tok] as usize
+            } else {
+                tok
+            };
+            xrow[j] = (s / div as usize) * (k / 8);
+            acc[2 * j] = Vector::new(0.0f32);
+            acc[2 * j + 1] = Vector::new(0.0f32);
+        }
+        for it in 0..iters {
+            let c = it * 4 + t;
+            let valid = c < chunks;
+            let cc = c.min(chunks - 1);
+            let w0 = packed[row0 * chunks + cc];
+            let w1 = packed[row1 * chunks + cc];
+            let si0 = row0 * nb + cc * 2;
+            let si1 = row1 * nb + cc * 2;
+            let sw0 = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
+            let sw1 = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
+            // The f16 codes read E2M1 · 2^-14; the last lanes of a ragged row weigh nothing.
+            let mult = if valid { 16384.0f32 } else { 0.0f32 };
+            let s00 = e4m3(sw0 & 255u32) * mult;
+            let s01 = e4m3((sw0 >> 8u32) & 255u32) * mult;
+            let s10 = e4m3(sw1 & 255u32) * mult;
+            let s11 = e4m3((sw1 >> 8u32) & 255u32) * mult;
+            #[unroll]
+            for w in 0..4usize {
+                let (wa, wb) = (w0.extract(w), w1.extract(w));
+                let (sa, sb) = if w < 2 { (s00, s10) } else { (s01, s11) };
+                let base = cc * 4 + w;
+                nvfp4_step(wa, wb, sa, sb, x, &xrow, base, &mut acc, nt, 0u32);
+                nvfp4_step(wa, wb, sa, sb, x, &xrow, base, &mut acc, nt, 1u32);
+            }
+        }
+        #[unroll]
+        for j in 0..nt {
+            #[unroll]
+            for v in 0..2usize {
+                let n = tile + g + 8 * v;
+                #[unroll]
+                for i in 0..2usize {
+                    let tok = pass + j * 8 + 2 * t + i;
+                    if n < n_out && tok < count {
+                        let s = if routed {
+                            members[e * pairs + tok] as usize
+                        } else {
+                            tok
+                        };
+                        let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
+                        store3(
+                            y,
+                            y1,
+                            y2,
+                            s,
+                            n,
+                            n_out,
+                            a as usize,
+                            b as usize,
+                            bf16::cast_from(val),
+                            split,
+                        );
+                    }
+                }
+            }
+        }
+        pass += nt * 8;
+    }
+}
+
+/// The E4M3 byte of `v`, an exact E4M3 value (already rounded and clamped): normals `sign ·
+/// (e + 7) · 8 + m` from the f32 exponent and top 3 mantissa bits, subnormals `m = |v| · 2^9`.
+#[cube]
+fn e4m3_byte(v: f32) -> u32 {
+    let bits = u32::reinterpret(v);
+    let sign = (bits >> 24u32) & 128u32;
+    let a = v.abs();
+    let normal = ((((bits >> 23u32) & 255u32) - 120u32) << 3u32) | ((bits >> 20u32) & 7u32);
+    let sub = u32::cast_from(a * 512.0f32);
+    let mag = if a < 0.015625f32 { sub } else { normal };
+    sign | mag
+}
+
+/// `xq = e4m3(clamp(x / is, ±448))`, four codes per u32 word (little-endian), for
+/// [`fp8_mma_kernel()`]; the rounding is [`e4m3_round`]'s, as the other FP8 paths.
+#[cube(launch)]
+pub fn fp8_quantize_bytes_kernel<F: Float>(
+    x: &[F],
+    input_scales: &[f32],
+    xq: &mut [u32],
+    words: u32,
+) {
+    let i = ABSOLUTE_POS as usize;
+    if i < words as usize {
+        let mut word = 0u32;
+        #[unroll]
+        for j in 0..4usize {
+            let v = (f32::cast_from(x[i * 4 + j]) / input_scales[0]).clamp(-448.0f32, 448.0f32);
+            word |= e4m3_byte(e4m3_round(v)) << ((8 * j) as u32);
+        }
+        xq[i] = word;
+    }
+}
+
+/// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
+/// activation codes (plain linears).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_mma_kernel<NW: Size>(
+    xq: &[Vector<u32, NW>],
+    weight: &[Vector<u32, NW>],
+    input_scales: &[f32],
+    weight_scales: &[f32],
+    y: &mut [bf16],
+    y1: &mut [bf16],
+    y2: &mut [bf16],
+    a: u32,
+    b: u32,
+    k: u32,
+    n_out: u32,
+    tokens: u32,
+    #[comptime] nt: usize,
+    #[comptime] relu2: bool,
+    #[comptime] split: bool,
+) {
+    let count = tokens as usize;
+    let (n_out, k) = (n_out as usize, k as usize);
+    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
+    if tile >= n_out {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let (g, t) = (lane / 4, lane % 4);
+    let row0 = (tile + g).min(n_out - 1);
+    let row1 = (tile + g + 8).min(n_out - 1);
+    let chunks = k / 16;
+    let iters = chunks.div_ceil(4);
+    let def = MmaDefinition::<Fp8E4m3, Fp8E4m3, f32>::new(16usize, 8usize, 32usize);
+    let gs = input_scales[0] * weight_scales[0];
+    let mut pass = 0usize;
+    while pass < count {
+        let mut xrow = Array::<usize>::new(nt);
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        #[unroll]
+        for j in 0..nt {
+            xrow[j] = (pass + j * 8 + g).min(count - 1) * chunks;
+            acc[2 * j] = Vector::new(0.0f32);
+            acc[2 * j + 1] = Vector::new(0.0f32);
+        }
+        for it in 0..iters {
+            let c = it * 4 + t;
+            let valid = c < chunks;
+            let cc = c.min(chunks - 1);
+            let w0 = weight[row0 * chunks + cc];
+            let w1 = weight[row1 * chunks + cc];
+            #[unroll]
+            for h in 0..2usize {
+                let mut ra = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                // The last lanes of a ragged row weigh nothing (code 0 is +0).
+                let z = if valid { 0xFFFF_FFFFu32 } else { 0u32 };
+                ra[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w0.extract(2 * h) & z);
+                ra[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w1.extract(2 * h) & z);
+                ra[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w0.extract(2 * h + 1) & z);
+                ra[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w1.extract(2 * h + 1) & z);
+                #[unroll]
+                for j in 0..nt {
+                    let xv = xq[xrow[j] + cc];
+                    let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
+                    rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h));
+                    rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h + 1));
+                    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+                    cr[0] = Vector::new(0.0f32);
+                    cr[1] = Vector::new(0.0f32);
+                    def.execute_inplace(&ra, &rb, &mut cr);
+                    acc[2 * j] += cr[0];
+                    acc[2 * j + 1] += cr[1];
+                }
+            }
+        }
+        #[unroll]
+        for j in 0..nt {
+            #[unroll]
+            for v in 0..2usize {
+                let n = tile + g + 8 * v;
+                #[unroll]
+                for i in 0..2usize {
+                    let tok = pass + j * 8 + 2 * t + i;
+                    if n < n_out && tok < count {
+                        let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
+                        store3(
+                            y,
+                            y1,
+                            y2,
+                            tok,
+                            n,
+                            n_out,
+                            a as usize,
+                            b as usize,
+                            bf16::cast_from(val),
+                            split,
+                        );
+                    }
+                }
+            }
+        }
+        pass += nt * 8;
+    }
+}
+
+/// `y[m, n] = Σ_j W[n, j] · x[m, j]` on the tensor cores, bf16 weights and activations (the
+/// attention projections over a batch). Both are read as u32 words of two bf16 values: step `h`
+/// of a lane's 16-byte chunk (8 inputs) takes words `2h, 2h + 1` as they are, for `A` and `B`.
+#[cube(launch_unchecked)]
+pub fn dense_mma_kernel<NW: Size>(
+    x: &[Vector<u32, NW>],
+    w: &[Vector<u32, NW>],
+    y: &mut [bf16],
+    k: u32,
+    n_out: u32,
+    tokens: u32,
+    #[comptime] nt: usize,
+) {
+    let count = tokens as usize;
+    let (n_out, k) = (n_out as usize, k as usize);
+    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
+    if tile >= n_out {
+        terminate!();
+    }
+    let lane = UNIT_POS_X as usize;
+    let (g, t) = (lane / 4, lane % 4);
+    let row0 = (tile + g).min(n_out - 1);
+    let row1 = (tile + g + 8).min(n_out - 1);
+    let chunks = k / 8;
+    let iters = chunks.div_ceil(4);
+    let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
+    let mut pass = 0usize;
+    while pass < count {
+        let mut xrow = Array::<usize>::new(nt);
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        #[unroll]
+        for j in 0..nt {
+            xrow[j] = (pass + j * 8 + g).min(count - 1) * chunks;
+            acc[2 * j] = Vector::new(0.0f32);
+            acc[2 * j + 1] = Vector::new(0.0f32);
+        }
+        for it in 0..iters {
+            let c = it * 4 + t;
+            // The last lanes of a ragged row weigh nothing (+0 · x).
+            let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
+            let cc = c.min(chunks - 1);
+            let w0 = w[row0 * chunks + cc];
+            let w1 = w[row1 * chunks + cc];
+            #[unroll]
+            for h in 0..2usize {
+                let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                ra[0] = Vector::<bf16, Const<2>>::reinterpret(w0.extract(2 * h) & z);
+                ra[1] = Vector::<bf16, Const<2>>::reinterpret(w1.extract(2 * h) & z);
+                ra[2] = Vector::<bf16, Const<2>>::reinterpret(w0.extract(2 * h + 1) & z);
+                ra[3] = Vector::<bf16, Const<2>>::reinterpret(w1.extract(2 * h + 1) & z);
+                #[unroll]
+                for j in 0..nt {
+                    let xv = x[xrow[j] + cc];
+                    let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
+                    rb[0] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h));
+                    rb[1] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h + 1));
+                    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+                    cr[0] = acc[2 * j];
+                    cr[1] = acc[2 * j + 1];
+                    def.execute_inplace(&ra, &rb, &mut cr);
+                    acc[2 * j] = cr[0];
+                    acc[2 * j + 1] = cr[1];
+                }
+            }
+        }
+        #[unroll]
+        for j in 0..nt {
+            #[unroll]
+            for v in 0..2usize {
+                let n = tile + g + 8 * v;
+                #[unroll]
+                for i in 0..2usize {
+                    let tok = pass + j * 8 + 2 * t + i;
+                    if n < n_out && tok < count {
+                        y[tok * n_out + n] = bf16::cast_from(acc[2 * j + v].extract(i));
+                    }
+                }
+            }
+        }
+        pass += nt * 8;
+    }
+}
+
+/// Token tiles of 8 per pass for `per_expert` tokens on average.
+fn tiles(per_expert: usize) -> usize {
+    match per_expert.div_ceil(8) {
+        0 | 1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    }
+}
+
+fn grid(n: usize, experts: usize) -> CubeCount {
+    CubeCount::Static(n.div_ceil(16 * WARPS as usize) as u32, experts as u32, 1)
+}
+
+/// The tensor-core launch of an NVFP4 call, where it applies (bf16, `k % 32 == 0`, CUDA `mma`,
+/// enough rows or slots): `None` otherwise.
+pub(crate) fn nvfp4<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Nvfp4Weights<CubeBackend<R>>,
+) -> Option<CubeTensor<R>> {
+    let (min_rows, min_slots) = mma_min();
+    let enough = if c.routed {
+        c.slots >= min_slots && c.slots <= MMA_MAX_SLOTS
+    } else {
+        c.slots >= min_rows
+    };
+    let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
+    if c.dtype != DType::BF16 || c.k % 32 != 0 || !enough || !supported(&c.x.client, bf16_mma, 16) {
+        return None;
+    }
+    let client = &c.x.client;
+    let (sa, sb) = c.split_args();
+    let (counts, members, experts, nt) = if c.routed {
+        let n_experts = w.shape.experts;
+        let counts = empty(&c.x, [n_experts], DType::U32);
+        let members = empty(&c.x, [n_experts * c.slots], DType::U32);
+        moe_group_kernel::launch::<R>(
+            client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(256),
+            arg(c.experts.as_ref()?),
+            arg(&counts),
+            arg(&members),
+            n_experts as u32,
+            c.slots,
+        );
+        (
+            counts,
+            members,
+            n_experts,
+            tiles(c.slots.div_ceil(n_experts)),
+        )
+    } else {
+        // Unread stand-ins.
+        (c.x.clone(), c.x.clone(), 1, tiles(c.slots))
+    };
+    // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors; tokens
+    // and rows past the ends are clamped and never written; members are slots `< pairs` written by
+    // the grouping kernel (so `s / div` is a row of `x`).
+    unsafe {
+        nvfp4_mma_kernel::launch_unchecked::<R>(
+            client,
+            grid(c.n, experts),
+            CubeDim::new_2d(32, WARPS),
+            8,
+            4,
+            arg(&c.x),
+            arg(&counts),
+            arg(&members),
+            arg(&w.packed),
+            arg(&w.scales),
+            arg(&w.globals),
+            arg(&c.y),
+            arg(&c.y1),
+            arg(&c.y2),
+            sa,
+            sb,
+            c.k as u32,
+            c.n as u32,
+            c.slots as u32,
+            c.slots as u32,
+            c.div as u32,
+            nt,
+            c.routed,
+            c.relu2,
+            c.split.is_some(),
+        )
+    };
+    Some(c.y.clone())
+}
+
+/// The tensor-core launch of a plain FP8 call, where it applies (bf16, `k % 16 == 0`, CUDA E4M3
+/// `mma`, enough rows): the rows quantized to E4M3 bytes once, then the `mma` kernel. `false`
+/// where it does not apply.
+pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> bool {
+    let e4m3_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::E4M3).into();
+    if c.routed
+        || c.dtype != DType::BF16
+        || c.k % 16 != 0
+        || c.slots < mma_min().0
+        || !supported(&c.x.client, e4m3_mma, 32)
+    {
+        return false;
+    }
+    let client = &c.x.client;
+    let (sa, sb) = c.split_args();
+    let (is, ws) = (
+        f32_buf(w.input_scales.clone()),
+        f32_buf(w.weight_scales.clone()),
+    );
+    let words = c.slots * c.k / 4;
+    let xq = empty(&c.x, [words], DType::U32);
+    let (count, dim) = elemwise(words);
+    fp8_quantize_bytes_kernel::launch::<bf16, R>(
+        client,
+        count,
+        dim,
+        arg(&c.x),
+        arg(&is),
+        arg(&xq),
+        words as u32,
+    );
+    // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors; tokens and rows
+    // past the ends are clamped and never written.
+    unsafe {
+        fp8_mma_kernel::launch_unchecked::<R>(
+            client,
+            grid(c.n, 1),
+            CubeDim::new_2d(32, WARPS),
+            4,
+            arg(&xq),
+            arg(&w.weight),
+            arg(&is),
+            arg(&ws),
+            arg(&c.y),
+            arg(&c.y1),
+            arg(&c.y2),
+            sa,
+            sb,
+            c.k as u32,
+            c.n as u32,
+            c.slots as u32,
+            tiles(c.slots),
+            c.relu2,
+            c.split.is_some(),
+        )
+    };
+    true
+}
+
+/// The tensor-core launch of a dense bf16 linear `x [M, K] · w [N, K]ᵀ`, where it applies (both
+/// bf16, `k % 8 == 0`, CUDA `mma`, enough rows): `None` otherwise.
+pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<CubeTensor<R>> {
+    let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
+    let n = w.meta.shape()[0];
+    let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
+    if x.dtype != DType::BF16
+        || w.dtype != DType::BF16
+        || k % 8 != 0
+        || m < mma_min().0
+        || !supported(&x.client, bf16_mma, 16)
+    {
+        return None;
+    }
+    let x = super::super::buffers::contiguous_as(x.clone(), DType::BF16);
+    let w = super::super::buffers::contiguous_as(w.clone(), DType::BF16);
+    let y = empty(&x, [m, n], DType::BF16);
+    // Safety: both buffers are contiguous bf16 of `m · k` and `n · k` values, read as `· / 2` u32
+    // words in 16-byte vectors (`k % 8 == 0`); tokens and rows past the ends are clamped and never
+    // written.
+    unsafe {
+        dense_mma_kernel::launch_unchecked::<R>(
+            &x.client,
+            grid(n, 1),
+            CubeDim::new_2d(32, WARPS),
+            4,
+            handle_arg(&x.handle, m * k / 2),
+            handle_arg(&w.handle, n * k / 2),
+            arg(&y),
+            k as u32,
+            n as u32,
+            m as u32,
+            tiles(m),
+        )
+    };
+    Some(y)
+}
