@@ -28,8 +28,9 @@
 //! exact in both cases (bf16 · bf16 and E4M3 · E4M3 fit f32), so results differ from the GEMVs
 //! by summation order only: the bf16 band of the ops tests.
 //!
-//! Grid: x = blocks of [`WARPS`] 16-row tiles, y = experts (routed) or 1. Tokens are taken `8 ·
-//! nt` per pass; a routed cube whose expert has no slot leaves at once.
+//! Grid: x = 16-row tiles, y = experts (routed) or 1; the [`WARPS`] warps of a cube split K and
+//! sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
+//! no slot leaves at once.
 
 use super::super::buffers::{arg, elemwise, empty, f32_buf, handle_arg};
 use super::grouped::moe_group_kernel;
@@ -44,7 +45,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 type Fp8E4m3 = cubecl::e4m3;
 
-/// Warps (16-row tiles) per cube.
+/// Warps per cube: they split K of the cube's 16-row tile (a grid of `n / 16` cubes fills the
+/// device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with one tile
+/// per warp, 42 cubes).
 pub const WARPS: u32 = 4;
 
 /// Rows of `x` from which a plain linear runs on the tensor cores (bf16, CUDA).
@@ -163,8 +166,48 @@ fn nvfp4_step<NX: Size>(
     }
 }
 
+/// Sums the warps' accumulators into warp 0's (through shared memory; `kw` warps split K).
+/// Every warp of the cube calls it (it synchronizes the cube).
+#[cube]
+fn warp_sum(acc: &mut Array<Vector<f32, Const<2>>>, #[comptime] nt: usize, #[comptime] kw: usize) {
+    if kw > 1 {
+        let mut sm = Shared::<[f32]>::new_slice(kw * nt * 4 * 32);
+        let (warp, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
+        if warp > 0 {
+            #[unroll]
+            for j in 0..nt * 2 {
+                #[unroll]
+                for i in 0..2usize {
+                    sm[((warp * nt * 2 + j) * 2 + i) * 32 + lane] = acc[j].extract(i);
+                }
+            }
+        }
+        sync_cube();
+        if warp == 0 {
+            #[unroll]
+            for ww in 1..kw {
+                #[unroll]
+                for j in 0..nt * 2 {
+                    let mut v = acc[j];
+                    #[unroll]
+                    for i in 0..2usize {
+                        v.insert(
+                            i,
+                            v.extract(i) + sm[((ww * nt * 2 + j) * 2 + i) * 32 + lane],
+                        );
+                    }
+                    acc[j] = v;
+                }
+            }
+        }
+        sync_cube();
+    }
+}
+
 /// `y[s, n] = epi(gs[e] · Σ_j W_e[n, j] · x[s / div, j])` on the tensor cores, NVFP4 weights, bf16
 /// activations: for every token of expert `e` (`members`, routed) or every row of `x` (plain).
+/// A cube takes one 16-row tile; its `kw` warps split K, each loading `grp` 128-input steps
+/// before it decodes any (several 16-byte loads in flight per lane).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
@@ -185,6 +228,8 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     pairs: u32,
     div: u32,
     #[comptime] nt: usize,
+    #[comptime] kw: usize,
+    #[comptime] grp: usize,
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
@@ -197,12 +242,12 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
         tokens as usize
     };
     let (n_out, k, pairs) = (n_out as usize, k as usize, pairs as usize);
-    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
-    // Uniform over a warp (the `mma` needs all 32 lanes).
+    let tile = CUBE_POS_X as usize * 16;
+    // Uniform over the cube (the `mma` and the cube syncs need every unit).
     if count == 0 || tile >= n_out {
         terminate!();
     }
-    let lane = UNIT_POS_X as usize;
+    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
     let (g, t) = (lane / 4, lane % 4);
     // Rows past the end compute on the last row and are never written.
     let row0 = e * n_out + (tile + g).min(n_out - 1);
@@ -227,58 +272,74 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
             acc[2 * j] = Vector::new(0.0f32);
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
-        for it in 0..iters {
-            let c = it * 4 + t;
-            let valid = c < chunks;
-            let cc = c.min(chunks - 1);
-            let w0 = packed[row0 * chunks + cc];
-            let w1 = packed[row1 * chunks + cc];
-            let si0 = row0 * nb + cc * 2;
-            let si1 = row1 * nb + cc * 2;
-            let sw0 = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
-            let sw1 = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
-            // The f16 codes read E2M1 · 2^-14; the last lanes of a ragged row weigh nothing.
-            let mult = if valid { 16384.0f32 } else { 0.0f32 };
-            let s00 = e4m3(sw0 & 255u32) * mult;
-            let s01 = e4m3((sw0 >> 8u32) & 255u32) * mult;
-            let s10 = e4m3(sw1 & 255u32) * mult;
-            let s11 = e4m3((sw1 >> 8u32) & 255u32) * mult;
+        let mut it0 = warp * grp;
+        while it0 < iters {
+            let mut wa = Array::<Vector<u32, NW>>::new(grp);
+            let mut wb = Array::<Vector<u32, NW>>::new(grp);
+            let mut sa = Array::<u32>::new(grp);
+            let mut sb = Array::<u32>::new(grp);
             #[unroll]
-            for w in 0..4usize {
-                let (wa, wb) = (w0.extract(w), w1.extract(w));
-                let (sa, sb) = if w < 2 { (s00, s10) } else { (s01, s11) };
-                let base = cc * 4 + w;
-                nvfp4_step(wa, wb, sa, sb, x, &xrow, base, &mut acc, nt, 0u32);
-                nvfp4_step(wa, wb, sa, sb, x, &xrow, base, &mut acc, nt, 1u32);
+            for q in 0..grp {
+                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+                wa[q] = packed[row0 * chunks + cc];
+                wb[q] = packed[row1 * chunks + cc];
+                let si0 = row0 * nb + cc * 2;
+                let si1 = row1 * nb + cc * 2;
+                sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
+                sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
             }
-        }
-        #[unroll]
-        for j in 0..nt {
             #[unroll]
-            for v in 0..2usize {
-                let n = tile + g + 8 * v;
+            for q in 0..grp {
+                let c = (it0 + q) * 4 + t;
+                let cc = c.min(chunks - 1);
+                // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
+                let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
+                let s00 = e4m3(sa[q] & 255u32) * mult;
+                let s01 = e4m3((sa[q] >> 8u32) & 255u32) * mult;
+                let s10 = e4m3(sb[q] & 255u32) * mult;
+                let s11 = e4m3((sb[q] >> 8u32) & 255u32) * mult;
+                let (va, vb) = (wa[q], wb[q]);
                 #[unroll]
-                for i in 0..2usize {
-                    let tok = pass + j * 8 + 2 * t + i;
-                    if n < n_out && tok < count {
-                        let s = if routed {
-                            members[e * pairs + tok] as usize
-                        } else {
-                            tok
-                        };
-                        let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
-                        store3(
-                            y,
-                            y1,
-                            y2,
-                            s,
-                            n,
-                            n_out,
-                            a as usize,
-                            b as usize,
-                            bf16::cast_from(val),
-                            split,
-                        );
+                for w in 0..4usize {
+                    let (ua, ub) = (va.extract(w), vb.extract(w));
+                    let (ta, tb) = if w < 2 { (s00, s10) } else { (s01, s11) };
+                    let base = cc * 4 + w;
+                    nvfp4_step(ua, ub, ta, tb, x, &xrow, base, &mut acc, nt, 0u32);
+                    nvfp4_step(ua, ub, ta, tb, x, &xrow, base, &mut acc, nt, 1u32);
+                }
+            }
+            it0 += kw * grp;
+        }
+        warp_sum(&mut acc, nt, kw);
+        if warp == 0 {
+            #[unroll]
+            for j in 0..nt {
+                #[unroll]
+                for v in 0..2usize {
+                    let n = tile + g + 8 * v;
+                    #[unroll]
+                    for i in 0..2usize {
+                        let tok = pass + j * 8 + 2 * t + i;
+                        if n < n_out && tok < count {
+                            let s = if routed {
+                                members[e * pairs + tok] as usize
+                            } else {
+                                tok
+                            };
+                            let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
+                            store3(
+                                y,
+                                y1,
+                                y2,
+                                s,
+                                n,
+                                n_out,
+                                a as usize,
+                                b as usize,
+                                bf16::cast_from(val),
+                                split,
+                            );
+                        }
                     }
                 }
             }
@@ -322,7 +383,8 @@ pub fn fp8_quantize_bytes_kernel<F: Float>(
 }
 
 /// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
-/// activation codes (plain linears).
+/// activation codes (plain linears). One 16-row tile per cube, `kw` warps splitting K, `grp`
+/// 64-input steps loaded at once.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_mma_kernel<NW: Size>(
@@ -339,16 +401,18 @@ pub fn fp8_mma_kernel<NW: Size>(
     n_out: u32,
     tokens: u32,
     #[comptime] nt: usize,
+    #[comptime] kw: usize,
+    #[comptime] grp: usize,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
-    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
+    let tile = CUBE_POS_X as usize * 16;
     if tile >= n_out {
         terminate!();
     }
-    let lane = UNIT_POS_X as usize;
+    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
     let (g, t) = (lane / 4, lane % 4);
     let row0 = (tile + g).min(n_out - 1);
     let row1 = (tile + g + 8).min(n_out - 1);
@@ -366,58 +430,72 @@ pub fn fp8_mma_kernel<NW: Size>(
             acc[2 * j] = Vector::new(0.0f32);
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
-        for it in 0..iters {
-            let c = it * 4 + t;
-            let valid = c < chunks;
-            let cc = c.min(chunks - 1);
-            let w0 = weight[row0 * chunks + cc];
-            let w1 = weight[row1 * chunks + cc];
+        let mut it0 = warp * grp;
+        while it0 < iters {
+            let mut wa = Array::<Vector<u32, NW>>::new(grp);
+            let mut wb = Array::<Vector<u32, NW>>::new(grp);
             #[unroll]
-            for h in 0..2usize {
-                let mut ra = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                // The last lanes of a ragged row weigh nothing (code 0 is +0).
-                let z = if valid { 0xFFFF_FFFFu32 } else { 0u32 };
-                ra[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w0.extract(2 * h) & z);
-                ra[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w1.extract(2 * h) & z);
-                ra[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w0.extract(2 * h + 1) & z);
-                ra[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(w1.extract(2 * h + 1) & z);
+            for q in 0..grp {
+                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+                wa[q] = weight[row0 * chunks + cc];
+                wb[q] = weight[row1 * chunks + cc];
+            }
+            #[unroll]
+            for q in 0..grp {
+                let c = (it0 + q) * 4 + t;
+                let cc = c.min(chunks - 1);
+                // Chunks past the row's end weigh nothing (code 0 is +0).
+                let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
+                let (va, vb) = (wa[q], wb[q]);
                 #[unroll]
-                for j in 0..nt {
-                    let xv = xq[xrow[j] + cc];
-                    let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
-                    rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h));
-                    rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h + 1));
-                    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
-                    cr[0] = Vector::new(0.0f32);
-                    cr[1] = Vector::new(0.0f32);
-                    def.execute_inplace(&ra, &rb, &mut cr);
-                    acc[2 * j] += cr[0];
-                    acc[2 * j + 1] += cr[1];
+                for h in 0..2usize {
+                    let mut ra = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                    ra[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h) & z);
+                    ra[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h) & z);
+                    ra[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h + 1) & z);
+                    ra[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h + 1) & z);
+                    #[unroll]
+                    for j in 0..nt {
+                        let xv = xq[xrow[j] + cc];
+                        let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
+                        rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h));
+                        rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h + 1));
+                        let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+                        cr[0] = Vector::new(0.0f32);
+                        cr[1] = Vector::new(0.0f32);
+                        def.execute_inplace(&ra, &rb, &mut cr);
+                        acc[2 * j] += cr[0];
+                        acc[2 * j + 1] += cr[1];
+                    }
                 }
             }
+            it0 += kw * grp;
         }
-        #[unroll]
-        for j in 0..nt {
+        warp_sum(&mut acc, nt, kw);
+        if warp == 0 {
             #[unroll]
-            for v in 0..2usize {
-                let n = tile + g + 8 * v;
+            for j in 0..nt {
                 #[unroll]
-                for i in 0..2usize {
-                    let tok = pass + j * 8 + 2 * t + i;
-                    if n < n_out && tok < count {
-                        let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
-                        store3(
-                            y,
-                            y1,
-                            y2,
-                            tok,
-                            n,
-                            n_out,
-                            a as usize,
-                            b as usize,
-                            bf16::cast_from(val),
-                            split,
-                        );
+                for v in 0..2usize {
+                    let n = tile + g + 8 * v;
+                    #[unroll]
+                    for i in 0..2usize {
+                        let tok = pass + j * 8 + 2 * t + i;
+                        if n < n_out && tok < count {
+                            let val = epilogue(acc[2 * j + v].extract(i) * gs, relu2);
+                            store3(
+                                y,
+                                y1,
+                                y2,
+                                tok,
+                                n,
+                                n_out,
+                                a as usize,
+                                b as usize,
+                                bf16::cast_from(val),
+                                split,
+                            );
+                        }
                     }
                 }
             }
@@ -429,7 +507,9 @@ pub fn fp8_mma_kernel<NW: Size>(
 /// `y[m, n] = Σ_j W[n, j] · x[m, j]` on the tensor cores, bf16 weights and activations (the
 /// attention projections over a batch). Both are read as u32 words of two bf16 values: step `h`
 /// of a lane's 16-byte chunk (8 inputs) takes words `2h, 2h + 1` as they are, for `A` and `B`.
+/// One 16-row tile per cube, `kw` warps splitting K, `grp` 32-input steps loaded at once.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub fn dense_mma_kernel<NW: Size>(
     x: &[Vector<u32, NW>],
     w: &[Vector<u32, NW>],
@@ -438,14 +518,16 @@ pub fn dense_mma_kernel<NW: Size>(
     n_out: u32,
     tokens: u32,
     #[comptime] nt: usize,
+    #[comptime] kw: usize,
+    #[comptime] grp: usize,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
-    let tile = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * 16;
+    let tile = CUBE_POS_X as usize * 16;
     if tile >= n_out {
         terminate!();
     }
-    let lane = UNIT_POS_X as usize;
+    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
     let (g, t) = (lane / 4, lane % 4);
     let row0 = (tile + g).min(n_out - 1);
     let row1 = (tile + g + 8).min(n_out - 1);
@@ -462,45 +544,60 @@ pub fn dense_mma_kernel<NW: Size>(
             acc[2 * j] = Vector::new(0.0f32);
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
-        for it in 0..iters {
-            let c = it * 4 + t;
-            // The last lanes of a ragged row weigh nothing (+0 · x).
-            let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
-            let cc = c.min(chunks - 1);
-            let w0 = w[row0 * chunks + cc];
-            let w1 = w[row1 * chunks + cc];
+        let mut it0 = warp * grp;
+        while it0 < iters {
+            let mut wa = Array::<Vector<u32, NW>>::new(grp);
+            let mut wb = Array::<Vector<u32, NW>>::new(grp);
             #[unroll]
-            for h in 0..2usize {
-                let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
-                ra[0] = Vector::<bf16, Const<2>>::reinterpret(w0.extract(2 * h) & z);
-                ra[1] = Vector::<bf16, Const<2>>::reinterpret(w1.extract(2 * h) & z);
-                ra[2] = Vector::<bf16, Const<2>>::reinterpret(w0.extract(2 * h + 1) & z);
-                ra[3] = Vector::<bf16, Const<2>>::reinterpret(w1.extract(2 * h + 1) & z);
+            for q in 0..grp {
+                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+                wa[q] = w[row0 * chunks + cc];
+                wb[q] = w[row1 * chunks + cc];
+            }
+            #[unroll]
+            for q in 0..grp {
+                let c = (it0 + q) * 4 + t;
+                let cc = c.min(chunks - 1);
+                // Chunks past the row's end weigh nothing (+0 · x).
+                let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
+                let (va, vb) = (wa[q], wb[q]);
                 #[unroll]
-                for j in 0..nt {
-                    let xv = x[xrow[j] + cc];
-                    let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
-                    rb[0] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h));
-                    rb[1] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h + 1));
-                    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
-                    cr[0] = acc[2 * j];
-                    cr[1] = acc[2 * j + 1];
-                    def.execute_inplace(&ra, &rb, &mut cr);
-                    acc[2 * j] = cr[0];
-                    acc[2 * j + 1] = cr[1];
+                for h in 0..2usize {
+                    let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                    ra[0] = Vector::<bf16, Const<2>>::reinterpret(va.extract(2 * h) & z);
+                    ra[1] = Vector::<bf16, Const<2>>::reinterpret(vb.extract(2 * h) & z);
+                    ra[2] = Vector::<bf16, Const<2>>::reinterpret(va.extract(2 * h + 1) & z);
+                    ra[3] = Vector::<bf16, Const<2>>::reinterpret(vb.extract(2 * h + 1) & z);
+                    #[unroll]
+                    for j in 0..nt {
+                        let xv = x[xrow[j] + cc];
+                        let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
+                        rb[0] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h));
+                        rb[1] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h + 1));
+                        let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+                        cr[0] = acc[2 * j];
+                        cr[1] = acc[2 * j + 1];
+                        def.execute_inplace(&ra, &rb, &mut cr);
+                        acc[2 * j] = cr[0];
+                        acc[2 * j + 1] = cr[1];
+                    }
                 }
             }
+            it0 += kw * grp;
         }
-        #[unroll]
-        for j in 0..nt {
+        warp_sum(&mut acc, nt, kw);
+        if warp == 0 {
             #[unroll]
-            for v in 0..2usize {
-                let n = tile + g + 8 * v;
+            for j in 0..nt {
                 #[unroll]
-                for i in 0..2usize {
-                    let tok = pass + j * 8 + 2 * t + i;
-                    if n < n_out && tok < count {
-                        y[tok * n_out + n] = bf16::cast_from(acc[2 * j + v].extract(i));
+                for v in 0..2usize {
+                    let n = tile + g + 8 * v;
+                    #[unroll]
+                    for i in 0..2usize {
+                        let tok = pass + j * 8 + 2 * t + i;
+                        if n < n_out && tok < count {
+                            y[tok * n_out + n] = bf16::cast_from(acc[2 * j + v].extract(i));
+                        }
                     }
                 }
             }
@@ -520,8 +617,11 @@ fn tiles(per_expert: usize) -> usize {
 }
 
 fn grid(n: usize, experts: usize) -> CubeCount {
-    CubeCount::Static(n.div_ceil(16 * WARPS as usize) as u32, experts as u32, 1)
+    CubeCount::Static(n.div_ceil(16) as u32, experts as u32, 1)
 }
+
+/// 128/64/32-input steps (NVFP4/FP8/dense) a warp loads before it computes.
+const GROUP: usize = 2;
 
 /// The tensor-core launch of an NVFP4 call, where it applies (bf16, `k % 32 == 0`, CUDA `mma`,
 /// enough rows or slots): `None` otherwise.
@@ -592,6 +692,8 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.slots as u32,
             c.div as u32,
             nt,
+            WARPS as usize,
+            GROUP,
             c.routed,
             c.relu2,
             c.split.is_some(),
@@ -652,6 +754,8 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             c.n as u32,
             c.slots as u32,
             tiles(c.slots),
+            WARPS as usize,
+            GROUP,
             c.relu2,
             c.split.is_some(),
         )
@@ -692,6 +796,8 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
             n as u32,
             m as u32,
             tiles(m),
+            WARPS as usize,
+            GROUP,
         )
     };
     Some(y)
