@@ -13,7 +13,7 @@
 //! mapped to physical inputs inside the lane's own 16-byte weight chunk, identically for `A` and
 //! `B`, so no data moves between lanes:
 //! - NVFP4 (chunk = 32 inputs, two 16-input scale blocks): word `w` of the chunk (8 nibbles)
-//!   feeds two steps; the f16 trick of [`super::word_dot_f16`] places nibbles `(p, p + 4)` as an
+//!   feeds two steps; the f16 trick of `word_dot_f16` places nibbles `(p, p + 4)` as an
 //!   f16 pair `E2M1 · 2^-14`, exact; times `block scale · 2^14` in f32 it is `E2M1 · scale`
 //!   exactly (at most 6 significant bits), converted to bf16 exactly. Step `2w + h` takes pairs
 //!   `2h` (logical `2t, 2t+1`) and `2h + 1` (logical `2t+8, 2t+9`); `B` takes the activations at
@@ -362,7 +362,7 @@ fn e4m3_byte(v: f32) -> u32 {
 }
 
 /// `xq = e4m3(clamp(x / is, ±448))`, four codes per u32 word (little-endian), for
-/// [`fp8_mma_kernel()`]; the rounding is [`e4m3_round`]'s, as the other FP8 paths.
+/// [`fp8_mma_kernel()`]; the rounding is `e4m3_round`'s, as the other FP8 paths.
 #[cube(launch)]
 pub fn fp8_quantize_bytes_kernel<F: Float>(
     x: &[F],
