@@ -1,6 +1,6 @@
 //! Linears against packed weights: NVFP4 (W4A16) and FP8 (static W8A8), plain or routed over a
-//! stack of experts, with the epilogue fused. Decode-shaped GEMVs today; [`dispatch`] names the
-//! launch geometry and will choose between these and the tiled GEMMs of the prefill issue.
+//! stack of experts, with the epilogue fused. GEMVs for one or few rows; [`mma`] runs batches of
+//! bf16 rows on CUDA tensor cores; [`dispatch`] names the GEMVs' launch geometry.
 
 pub mod dispatch;
 pub mod fp8;
