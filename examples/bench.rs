@@ -95,6 +95,12 @@ struct Args {
     /// backends only). Run it last: profiling stays on for the rest of the process.
     #[arg(long)]
     profile_step: bool,
+    /// Tensor-core thresholds `ROWS,SLOTS` (plain linears from ROWS rows of `x`, routed experts
+    /// grouped by expert from SLOTS slots, slot-major from ROWS below that; `max` turns one off)
+    /// instead of the library's defaults. Several, separated by `;`, run the engine once per
+    /// setting (one load, paths compared in the same call); other modes take the first.
+    #[arg(long, value_delimiter = ';')]
+    mma_min: Vec<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -115,6 +121,9 @@ fn main() {
         let kind: BackendKind = a.backend.parse()?;
         let dtype: DType = a.dtype.parse()?;
         let dev = kind.device(dtype)?;
+        if let Some(first) = a.mma_min.first() {
+            apply_setting(first)?;
+        }
         if a.kernels {
             kernels(&a, &dev, dtype.burn())
         } else {
@@ -125,6 +134,65 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+}
+
+/// Applies one `--mma-min` setting, from the library's defaults: `ROWS,SLOTS` (every plain and
+/// slot-major path from ROWS rows, grouped routing from SLOTS slots), or `key=value` items —
+/// `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped` (rows or slots; `max` for off), `inq` (FP8
+/// rows quantized in-kernel up to), `attn=fused|unfused` (decode attention form).
+fn apply_setting(t: &str) -> Res<()> {
+    use nemotron::kernels::cube::attention::decode::set_force_unfused;
+    let num = |v: &str| -> Res<usize> {
+        match v.trim() {
+            "max" => Ok(usize::MAX),
+            v => v
+                .parse::<usize>()
+                .map_err(|e| format!("--mma-min {t:?}: {v:?}: {e}").into()),
+        }
+    };
+    let mut m = mma::MmaMin::default();
+    let mut inq = mma::FP8_INQ_MAX_ROWS;
+    let mut unfused = false;
+    let items: Vec<&str> = t.split(',').map(str::trim).collect();
+    if items.iter().all(|i| !i.contains('=')) {
+        let [rows, slots] = items[..] else {
+            return Err(format!("--mma-min takes ROWS,SLOTS or key=value items, got {t:?}").into());
+        };
+        let (rows, slots) = (num(rows)?, num(slots)?);
+        m = mma::MmaMin {
+            nvfp4: rows,
+            fp8: rows,
+            dense: rows,
+            slot_major: rows,
+            grouped: slots,
+        };
+    } else {
+        for item in items {
+            let Some((k, v)) = item.split_once('=') else {
+                return Err(format!("--mma-min {t:?}: {item:?} is not key=value").into());
+            };
+            match k {
+                "nvfp4" => m.nvfp4 = num(v)?,
+                "fp8" => m.fp8 = num(v)?,
+                "dense" => m.dense = num(v)?,
+                "slotmajor" => m.slot_major = num(v)?,
+                "grouped" => m.grouped = num(v)?,
+                "inq" => inq = num(v)?,
+                "attn" => {
+                    unfused = match v {
+                        "fused" => false,
+                        "unfused" => true,
+                        v => return Err(format!("--mma-min attn={v:?}: fused or unfused").into()),
+                    }
+                }
+                k => return Err(format!("--mma-min {t:?}: unknown key {k:?}").into()),
+            }
+        }
+    }
+    mma::set_mma(m);
+    mma::set_fp8_inq_max(inq);
+    set_force_unfused(unfused);
+    Ok(())
 }
 
 fn sync(dev: &Device) {
@@ -340,8 +408,18 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
             "off" => false,
             g => return Err(format!("--graphs {g:?}: expected on or off").into()),
         };
-        let r = engine_run_one(a, m, batch, plen, graphs)?;
-        first.get_or_insert(r);
+        if a.mma_min.is_empty() {
+            first.get_or_insert(engine_run_one(a, m, batch, plen, graphs)?);
+        }
+        for t in &a.mma_min {
+            apply_setting(t)?;
+            println!(
+                "setting: {t} ({:?}, FP8 in-kernel quantizing up to {} rows)",
+                mma::mma(),
+                mma::fp8_inq_max()
+            );
+            first.get_or_insert(engine_run_one(a, m, batch, plen, graphs)?);
+        }
     }
     Ok(first.expect("at least one mode"))
 }
@@ -591,7 +669,7 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool, batch:
     Ok(())
 }
 
-/// The engine's decode step over `batch` slots (each holding the same prefilled prompt), captured
+/// The engine's decode step over `batch` slots (each holding the same prefilled prompt, fed a different token), captured
 /// as the engine captures it: `n` replays back to back between two syncs, what the device takes
 /// per step (the engine's own step time adds the host's share).
 fn slot_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize) -> Res<()> {
@@ -600,7 +678,7 @@ fn slot_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize
     let reps = a.repeats.max(1) + 1;
     let (state, ids) = prefilled(m, dev, prompt)?;
     // Every replay advances the slots' lengths on the device: room for all of them.
-    let mut st = m.new_slots(batch, prompt.len() + 2 * n * reps + 16)?;
+    let mut st = m.new_slots(batch, prompt.len() + 4 * n * reps + 16)?;
     for s in 0..batch {
         m.load_slot(&mut st, s, &state)?;
     }
@@ -609,8 +687,15 @@ fn slot_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize
         .convert::<i64>()
         .into_vec()
         .map_err(|e| format!("{e:?}"))?;
+    // A different token per row, so the rows route to different experts as a real batch does
+    // (the same token in every row sends the whole batch to one expert set: a step of batch 16
+    // measured 5.4 ms that way against the engine's 8.1).
+    let v = m.config().vocab_size;
+    let ids_host: Vec<i32> = (0..batch)
+        .map(|b| ((tok[0] as usize + b * 7919) % v) as i32)
+        .collect();
     let gi = Tensor::<1, Int>::from_data(
-        TensorData::new(vec![tok[0] as i32; batch], [batch]),
+        TensorData::new(ids_host.clone(), [batch]),
         (dev, BDType::I32),
     );
     let gs = Tensor::<1, Int>::from_data(
@@ -650,6 +735,35 @@ fn slot_step(a: &Args, m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize
         batch as f64 / d,
         reps - 1
     );
+    // The host's share taken apart: each step as the engine runs it (ids and slots written, the
+    // replay, the greedy ids read back), and without the writes.
+    let (mut wi, mut ws) = (gi.clone(), gs.clone());
+    let slots_host: Vec<i32> = (0..batch as i32).collect();
+    for writes in [true, false] {
+        let mut t = vec![];
+        for _ in 0..reps {
+            sync(dev);
+            let t0 = Instant::now();
+            for _ in 0..n {
+                if writes {
+                    ops::write_i32(&mut wi, &ids_host);
+                    ops::write_i32(&mut ws, &slots_host);
+                }
+                // Safety: as above.
+                let (_, am) = unsafe { g.replay() };
+                // `into_vec` forces the read (`into_data` alone is lazy on CUDA).
+                let _ = am.clone().into_data().into_vec::<i32>();
+            }
+            t.push(t0.elapsed().as_secs_f64() / n as f64);
+        }
+        let h = median(t[1..].to_vec());
+        println!(
+            "slot step, batch {batch}: replay + greedy ids read back{} {:.1} µs/step (host share {:.1} µs)",
+            if writes { " + ids and slots written" } else { "" },
+            h * 1e6,
+            (h - d) * 1e6
+        );
+    }
     Ok(())
 }
 
@@ -840,6 +954,12 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         }
     };
     let mut rows: Vec<Row> = vec![];
+    // Batch 1 on both paths: the GEMVs, and the tensor cores with one token of eight used
+    // (routed: slot-major, one cube row per slot).
+    let gemv = (usize::MAX, usize::MAX);
+    let tc = (1usize, 1usize);
+    let tc1 = (1usize, usize::MAX);
+    let b1_paths = [("GEMV", gemv), ("tensor cores", tc1)];
     for (k, nout) in [
         (2688, 1856),
         (1856, 2688),
@@ -851,12 +971,20 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     ] {
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
         let x = act(&mut rng, vec![1, k]);
-        rows.push(Row {
-            name: format!("NVFP4 GEMV {k}→{nout}"),
-            bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
-            flops: 2.0 * (k * nout) as f64,
-            op: Box::new(move || drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None))),
-        });
+        for (path, min) in b1_paths {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("NVFP4 GEMV {k}→{nout} {path}"),
+                bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
     }
     for (k, nout, div, epi) in [
         (2688, 1856, 6, Epilogue::Relu2),
@@ -866,26 +994,30 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         let x = act(&mut rng, vec![6 / div, k]);
         let idx =
             Tensor::<1, Int>::from_data(TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]), dev);
-        rows.push(Row {
-            name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?})"),
-            bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64
-                + esize * (6 / div * k + 6 * nout) as f64,
-            flops: 12.0 * (k * nout) as f64,
-            op: Box::new(move || {
-                drop(ops::nvfp4_expert_linear(
-                    x.clone(),
-                    idx.clone(),
-                    div,
-                    &w,
-                    epi,
-                ))
-            }),
-        });
+        for (path, min) in b1_paths {
+            let (x, w, idx) = (x.clone(), w.clone(), idx.clone());
+            rows.push(Row {
+                name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?}) {path}"),
+                bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64
+                    + esize * (6 / div * k + 6 * nout) as f64,
+                flops: 12.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::nvfp4_expert_linear(
+                        x.clone(),
+                        idx.clone(),
+                        div,
+                        &w,
+                        epi,
+                    ));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
     }
     // Batches 16 and 64: 96 / 384 routed slots over 128 experts (duplicates, as routing gives
     // them), slot-major GEMV and tensor cores (grouped by expert).
-    let gemv = (usize::MAX, usize::MAX);
-    let tc = (1usize, 1usize);
     for tokens in [16usize, 64] {
         let (k, nout) = (2688, 1856);
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
@@ -906,7 +1038,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     + esize * (tokens * k + tokens * 6 * nout) as f64,
                 flops: 2.0 * (tokens * 6 * k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma_min();
+                    let saved = mma::mma();
                     mma::set_mma_min(min.0, min.1);
                     drop(ops::nvfp4_expert_linear(
                         x.clone(),
@@ -915,7 +1047,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                         &w,
                         Epilogue::Relu2,
                     ));
-                    mma::set_mma_min(saved.0, saved.1);
+                    mma::set_mma(saved);
                 }),
             });
         }
@@ -955,10 +1087,10 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 bytes: wbytes + esize * tokens as f64 * (k + nout) as f64,
                 flops: 2.0 * (tokens * k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma_min();
+                    let saved = mma::mma();
                     mma::set_mma_min(min.0, min.1);
                     run(x.clone());
-                    mma::set_mma_min(saved.0, saved.1);
+                    mma::set_mma(saved);
                 }),
             });
         }
@@ -973,12 +1105,26 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     ] {
         let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
         let x = act(&mut rng, vec![1, k]);
-        rows.push(Row {
-            name: format!("FP8 W8A8 GEMV {k}→{nout}"),
-            bytes: (nout * k) as f64 + esize * (k + nout) as f64,
-            flops: 2.0 * (k * nout) as f64,
-            op: Box::new(move || drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))),
-        });
+        for (path, min, inq) in [
+            ("GEMV", gemv, 0),
+            ("tensor cores, quantized in-kernel", tc1, 8),
+            ("tensor cores, quantized apart", tc1, 0),
+        ] {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("FP8 W8A8 GEMV {k}→{nout} {path}"),
+                bytes: (nout * k) as f64 + esize * (k + nout) as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    mma::set_fp8_inq_max(inq);
+                    drop(ops::fp8_linear(x.clone(), &w, Epilogue::None));
+                    mma::set_mma(saved);
+                    mma::set_fp8_inq_max(mma::FP8_INQ_MAX_ROWS);
+                }),
+            });
+        }
     }
     // Attention q and k/v projections (bf16) and the router (f32 weight over bf16 activations),
     // as the engine calls them: `dense_linear` against `w [N, K]`.
@@ -991,12 +1137,20 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         .reshape([nout, k]);
         let x = act(&mut rng, vec![1, k]);
         let ws = if f32_weights { 4.0 } else { esize };
-        rows.push(Row {
-            name: format!("dense GEMV {k}→{nout} ({})", dtype_name(wd)),
-            bytes: ws * (k * nout) as f64 + esize * k as f64 + ws * nout as f64,
-            flops: 2.0 * (k * nout) as f64,
-            op: Box::new(move || drop(ops::dense_linear(x.clone(), w.clone()))),
-        });
+        for (path, min) in b1_paths {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("dense GEMV {k}→{nout} ({}) {path}", dtype_name(wd)),
+                bytes: ws * (k * nout) as f64 + esize * k as f64 + ws * nout as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::dense_linear(x.clone(), w.clone()));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
     }
     {
         let (h, p, ns, g) = (64, 64, 128, 8);

@@ -332,19 +332,32 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
 }
 
 /// The batched linears with the tensor-core path on and off (it runs where the arm has it: CUDA
-/// bf16; elsewhere both passes take the GEMVs), against the reference: NVFP4 plain (rows from 4:
+/// bf16; elsewhere every pass takes the GEMVs), against the reference: NVFP4 plain (rows from 1:
 /// one to eight token tiles per pass, ragged tiles, output rows not a multiple of 16, `k = 1856`
 /// whose last 128-input step is half empty), NVFP4 routed experts (grouped by expert, groups of
 /// 1–20 slots), FP8 plain into three parts (Mamba's `in_proj`) and plain with relu², dense bf16.
 pub fn mma_linears_match(arm: &Arm) {
     use nemotron_kernels::cube::linear::mma;
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
-    let (saved_rows, saved_slots) = mma::mma_min();
+    let saved = mma::mma();
+    // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to).
     let paths = [
-        ("tensor cores", 1usize, 1usize),
-        ("GEMV", usize::MAX, usize::MAX),
+        ("tensor cores", 1usize, 1usize, 8usize),
+        (
+            "tensor cores slot-major, FP8 rows quantized apart",
+            1,
+            usize::MAX,
+            0,
+        ),
+        ("GEMV", usize::MAX, usize::MAX, 0),
     ];
+    let set = |rows: usize, slots: usize, inq: usize| {
+        mma::set_mma_min(rows, slots);
+        mma::set_fp8_inq_max(inq);
+    };
     for (m, n, k) in [
+        (1, 40, 1856),
+        (2, 24, 2688),
         (4, 40, 1856),
         (13, 33, 2688),
         (16, 50, 64),
@@ -359,8 +372,8 @@ pub fn mma_linears_match(arm: &Arm) {
                 &Nvfp4Weights::upload(&w, &href.dev),
                 epi,
             ));
-            for (path, rows, slots) in paths {
-                mma::set_mma_min(rows, slots);
+            for (path, rows, slots, inq) in paths {
+                set(rows, slots, inq);
                 let got = host(ops::nvfp4_linear(
                     arm.t(&x, [m, k]),
                     &Nvfp4Weights::upload(&w, &arm.dev),
@@ -372,7 +385,12 @@ pub fn mma_linears_match(arm: &Arm) {
         }
     }
     let (e, k_top) = (6, 3);
-    for (tokens, n, k, div) in [(12, 24, 1856, 3), (40, 40, 64, 1), (5, 17, 2688, 3)] {
+    for (tokens, n, k, div) in [
+        (12, 24, 1856, 3),
+        (40, 40, 64, 1),
+        (5, 17, 2688, 3),
+        (1, 24, 2688, 3),
+    ] {
         let slots = tokens * k_top;
         let idx = routing(&mut rng, tokens, k_top, e);
         let rows = slots / div;
@@ -386,8 +404,8 @@ pub fn mma_linears_match(arm: &Arm) {
                 &Nvfp4Weights::upload(&nv, &href.dev),
                 epi,
             ));
-            for (path, rows_min, slots_min) in paths {
-                mma::set_mma_min(rows_min, slots_min);
+            for (path, rows_min, slots_min, inq) in paths {
+                set(rows_min, slots_min, inq);
                 let got = host(ops::nvfp4_expert_linear(
                     arm.t(&x, [rows, k]),
                     arm.int(&idx),
@@ -401,6 +419,8 @@ pub fn mma_linears_match(arm: &Arm) {
         }
     }
     for (m, k, widths) in [
+        (1, 2688, [40, 56, 8]),
+        (2, 4096, [16, 8, 24]),
         (5, 2688, [40, 56, 8]),
         (16, 48, [5, 70, 16]),
         (33, 4096, [24, 8, 9]),
@@ -415,8 +435,8 @@ pub fn mma_linears_match(arm: &Arm) {
                 &Fp8Weights::upload(&f8, &href.dev),
                 epi,
             ));
-            for (path, rows, slots) in paths {
-                mma::set_mma_min(rows, slots);
+            for (path, rows, slots, inq) in paths {
+                set(rows, slots, inq);
                 let got = host(ops::fp8_linear(
                     arm.t(&x, [m, k]),
                     &Fp8Weights::upload(&f8, &arm.dev),
@@ -448,12 +468,12 @@ pub fn mma_linears_match(arm: &Arm) {
         }
     }
     // Dense bf16 (attention projections): `k = 72` leaves a ragged last step.
-    for (m, n, k) in [(5, 40, 2688), (19, 33, 72), (64, 24, 4096)] {
+    for (m, n, k) in [(1, 40, 2688), (5, 40, 2688), (19, 33, 72), (64, 24, 4096)] {
         let x = rng.vec(m * k, 1.0);
         let w = rng.vec(n * k, 0.05);
         let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));
-        for (path, rows, slots) in paths {
-            mma::set_mma_min(rows, slots);
+        for (path, rows, slots, inq) in paths {
+            set(rows, slots, inq);
             let got = host(ops::dense_linear(arm.t(&x, [m, k]), arm.t(&w, [n, k])));
             close(
                 &format!("dense {path} {m}×{k}→{n}"),
@@ -463,5 +483,6 @@ pub fn mma_linears_match(arm: &Arm) {
             );
         }
     }
-    mma::set_mma_min(saved_rows, saved_slots);
+    mma::set_mma(saved);
+    mma::set_fp8_inq_max(mma::FP8_INQ_MAX_ROWS);
 }

@@ -118,15 +118,28 @@ pub fn ssm_step_matches(arm: &Arm) {
 
 /// Decode attention over slots: a short context (one chunk of the split) and a long one (several
 /// chunks of `ATTN_CHUNK`, the last partial; an empty slot), a pad row, GQA.
+/// Both device forms (fused split + merge; the four-launch form) against the host: head dims 16
+/// and 128 (the real one), lengths whose new token opens, ends or sits inside a 64-position chunk,
+/// a capacity that is not a multiple of the chunk, a pad row.
 pub fn attention_step_matches(arm: &Arm) {
-    for (cap, lens) in [(8, [3, 0, 5]), (200, [130, 0, 198])] {
-        attention_step_case(arm, cap, lens);
+    use nemotron_kernels::cube::attention::decode::set_force_unfused;
+    for unfused in [false, true] {
+        set_force_unfused(unfused);
+        for (cap, lens, hd) in [
+            (8, [3, 0, 5], 16),
+            (200, [130, 0, 198], 16),
+            (130, [63, 64, 129], 128),
+            (300, [127, 5, 256], 128),
+        ] {
+            attention_step_case(arm, cap, lens, hd);
+        }
     }
+    set_force_unfused(false);
 }
 
-fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3]) {
+fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize) {
     let (href, mut rng) = (Arm::host(), Rng::new(13, arm));
-    let (s, nh, kvh, hd) = (3, 4, 2, 16);
+    let (s, nh, kvh) = (3, 4, 2);
     let rows = [2, 0, -1, 1];
     let b = rows.len();
     let q = rng.vec(b * nh * hd, 1.0);

@@ -9,6 +9,10 @@
 //! 4. merge: a cube per `(b, q head)`: the chunks' partials rescaled to the row's maximum,
 //!    `o = Σ o_c · e^(m_c − M) / Σ z_c · e^(m_c − M)` (flash-decoding).
 //!
+//! Where the head dim allows ([`attn_split_kernel()`]: even, dividing 128 — every real config),
+//! 1–3 run as one launch per `(q head, row, chunk of 64 positions)` with the append folded in,
+//! then the merge: two launches per layer. The four-launch form stays for other head dims.
+//!
 //! The lengths and slots are read on the device (`len[s]` before this step's token), so the same
 //! launches serve every step of a captured graph; pad rows (`slot < 0`) write zeros.
 
@@ -161,6 +165,152 @@ pub fn attn_partial_kernel<F: Float>(
     part[pb + 2 + dd] = acc;
 }
 
+/// Context positions per cube of [`attn_split_kernel()`].
+pub const SPLIT_CHUNK: usize = ATTN_CHUNK;
+/// Units per cube of [`attn_split_kernel()`]: two per position while scoring (each half of `d`).
+pub const SPLIT_UNITS: usize = 2 * SPLIT_CHUNK;
+
+/// One chunk of [`SPLIT_CHUNK`] positions of one `(row, q head)`, in one launch: scores, the
+/// chunk's softmax partials and `Σ p·V` (then [`attn_merge_kernel()`]), with this step's K/V row
+/// appended by one cube of its kv group. A cube per `(q head, row, chunk)`, [`SPLIT_UNITS`]
+/// units. Every loop runs a comptime count with its loads issued before their use, so a chunk
+/// costs a few memory latencies; the position being appended is read from `k`/`v` (the pool
+/// is written by another cube of the same launch). `hd` divides [`SPLIT_UNITS`] and is even.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn attn_split_kernel<F: Float>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    lens: &[i32],
+    slots: &[i32],
+    kpool: &mut [F],
+    vpool: &mut [F],
+    part: &mut [f32],
+    heads: u32,
+    kv_heads: u32,
+    cap: u32,
+    chunks: u32,
+    scale: f32,
+    #[comptime] hd: usize,
+) {
+    let (nh, kvh, cap, chunks) = (
+        heads as usize,
+        kv_heads as usize,
+        cap as usize,
+        chunks as usize,
+    );
+    let h = CUBE_POS_X as usize;
+    let b = CUBE_POS_Y as usize;
+    let c = CUBE_POS_Z as usize;
+    let u = UNIT_POS_X as usize;
+    let slot = slots[b];
+    // Uniform per cube: pad rows and chunks past the length leave whole (the merge writes the
+    // pad rows' zeros and never reads the chunks past the length).
+    if slot < 0 {
+        terminate!();
+    }
+    let s = slot as usize;
+    let len = lens[s] as usize;
+    let n = len + 1;
+    let t0 = c * SPLIT_CHUNK;
+    if t0 >= n {
+        terminate!();
+    }
+    let r = nh / kvh;
+    let g = h / r;
+    let kvb = (s * kvh + g) * cap;
+    let newb = (b * kvh + g) * hd;
+    // The append: the kv group's first head's cube whose chunk holds `len`.
+    if h % r == 0 && len < t0 + SPLIT_CHUNK && u < hd {
+        kpool[(kvb + len) * hd + u] = k[newb + u];
+        vpool[(kvb + len) * hd + u] = v[newb + u];
+    }
+    // Scores: unit `u` takes position `t0 + u % CHUNK`, half `u / CHUNK` of `d`.
+    let half = hd / 2;
+    let p = u % SPLIT_CHUNK;
+    let d0 = (u / SPLIT_CHUNK) * half;
+    let t = (t0 + p).min(n - 1);
+    let qb = (b * nh + h) * hd + d0;
+    let mut kv = Array::<f32>::new(half);
+    if t == len {
+        #[unroll]
+        for i in 0..half {
+            kv[i] = f32::cast_from(k[newb + d0 + i]);
+        }
+    } else {
+        let kb = (kvb + t) * hd + d0;
+        #[unroll]
+        for i in 0..half {
+            kv[i] = f32::cast_from(kpool[kb + i]);
+        }
+    }
+    let mut dot = 0.0f32;
+    #[unroll]
+    for i in 0..half {
+        dot += kv[i] * f32::cast_from(q[qb + i]);
+    }
+    let mut sm = Shared::<[f32]>::new_slice(SPLIT_UNITS);
+    sm[u] = dot;
+    sync_cube();
+    let mut ps = Shared::<[f32]>::new_slice(SPLIT_CHUNK);
+    if u < SPLIT_CHUNK {
+        ps[u] = (sm[u] + sm[u + SPLIT_CHUNK]) * scale;
+    }
+    sync_cube();
+    let valid = (n - t0).min(SPLIT_CHUNK);
+    let mut m = ps[0];
+    for i in 1..valid {
+        m = m.max(ps[i]);
+    }
+    sync_cube();
+    if u < SPLIT_CHUNK {
+        ps[u] = if u < valid { (ps[u] - m).exp() } else { 0.0f32 };
+    }
+    sync_cube();
+    // `Σ p·V`: unit `u` takes `d = u % hd` over the positions `≡ u / hd (mod SPLIT_UNITS / hd)`.
+    let parts = SPLIT_UNITS / hd;
+    let dd = u % hd;
+    let j0 = u / hd;
+    let per = SPLIT_CHUNK / parts;
+    let mut vals = Array::<f32>::new(per);
+    #[unroll]
+    for i in 0..per {
+        let tt = (t0 + j0 + i * parts).min(n - 1);
+        vals[i] = if tt == len {
+            f32::cast_from(v[newb + dd])
+        } else {
+            f32::cast_from(vpool[(kvb + tt) * hd + dd])
+        };
+    }
+    let mut acc = 0.0f32;
+    let mut z = 0.0f32;
+    #[unroll]
+    for i in 0..per {
+        let w = ps[j0 + i * parts];
+        acc += w * vals[i];
+    }
+    for i in 0..valid {
+        z += ps[i];
+    }
+    sync_cube();
+    sm[u] = acc;
+    sync_cube();
+    let pb = ((b * nh + h) * chunks + c) * (hd + 2);
+    if u < hd {
+        let mut o = 0.0f32;
+        #[unroll]
+        for j in 0..parts {
+            o += sm[j * hd + u];
+        }
+        part[pb + 2 + u] = o;
+    }
+    if u == 0 {
+        part[pb] = m;
+        part[pb + 1] = z;
+    }
+}
+
 /// Merges a `(row, q head)`'s chunk partials: `M = max m_c`, `Z = Σ z_c · e^(m_c − M)`,
 /// `o[d] = Σ o_c[d] · e^(m_c − M) / Z` (pad rows write zeros). A cube per `(q head, row)`, a unit
 /// per `d`.
@@ -206,6 +356,19 @@ pub fn attn_merge_kernel<F: Float>(
     o[oi] = F::cast_from(acc / z);
 }
 
+/// Whether [`attn_split_kernel()`] takes head dim `hd` (even, dividing its 128 units: 2 … 128).
+fn split_applies(hd: usize) -> bool {
+    hd >= 2 && hd % 2 == 0 && SPLIT_UNITS % hd == 0
+}
+
+static FORCE_UNFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs the four-launch form (append, scores, partials, merge) even where the fused one applies
+/// (process-wide; for tests and benchmarks).
+pub fn set_force_unfused(on: bool) {
+    FORCE_UNFUSED.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
@@ -235,11 +398,51 @@ pub fn launch<R: CubeRuntime>(
     let (rows, nh, hd) = (qs[0], qs[1], qs[2]);
     let ps = kpool.meta.shape().clone();
     let (kvh, cap) = (ps[1], ps[2]);
-    let scores = empty(&q, [rows, nh, cap], DType::F32);
     let chunks = cap.div_ceil(ATTN_CHUNK);
     let part = empty(&q, [rows, nh, chunks, hd + 2], DType::F32);
     let o = empty(&q, [rows, nh, hd], dtype);
     let client = q.client.clone();
+    if split_applies(hd) && !FORCE_UNFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+        macro_rules! split {
+            ($t:ty) => {{
+                attn_split_kernel::launch::<$t, R>(
+                    &client,
+                    CubeCount::Static(nh as u32, rows as u32, chunks as u32),
+                    CubeDim::new_1d(SPLIT_UNITS as u32),
+                    arg(&q),
+                    arg(&k),
+                    arg(&v),
+                    arg(&lens),
+                    arg(&slots),
+                    arg(&kpool),
+                    arg(&vpool),
+                    arg(&part),
+                    nh as u32,
+                    kvh as u32,
+                    cap as u32,
+                    chunks as u32,
+                    scale,
+                    hd,
+                );
+                attn_merge_kernel::launch::<$t, R>(
+                    &client,
+                    CubeCount::Static(nh as u32, rows as u32, 1),
+                    CubeDim::new_1d(hd as u32),
+                    arg(&part),
+                    arg(&lens),
+                    arg(&slots),
+                    arg(&o),
+                    nh as u32,
+                    hd as u32,
+                    chunks as u32,
+                    ATTN_CHUNK,
+                );
+            }};
+        }
+        with_float!(dtype, split);
+        return (o, kpool, vpool);
+    }
+    let scores = empty(&q, [rows, nh, cap], DType::F32);
     let (ac, ad) = elemwise(rows * kvh * hd);
     let (sc, sd) = elemwise(rows * nh * cap);
     macro_rules! go {

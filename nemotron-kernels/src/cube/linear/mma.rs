@@ -52,6 +52,10 @@ pub const WARPS: u32 = 4;
 
 /// Rows of `x` from which a plain linear runs on the tensor cores (bf16, CUDA).
 pub const MMA_MIN_ROWS: usize = 4;
+/// Rows of `x` from which a plain FP8 linear runs on the tensor cores: every row. At batch 1
+/// the `mma` over one token of eight still beat the FP8 GEMV in the whole Lightning step on the
+/// H200 (3.15 → 2.91 ms per token after a 1K prompt; the GEMV is issue-bound on its decode).
+pub const MMA_FP8_MIN_ROWS: usize = 1;
 /// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
 pub const MMA_MIN_SLOTS: usize = 32;
 
@@ -60,22 +64,87 @@ pub const MMA_MIN_SLOTS: usize = 32;
 /// routed calls (prefill) keep the GEMVs until the prefill's grouped MoE sorts on the device.
 pub const MMA_MAX_SLOTS: usize = 1024;
 
-static MIN_ROWS: AtomicUsize = AtomicUsize::new(MMA_MIN_ROWS);
-static MIN_SLOTS: AtomicUsize = AtomicUsize::new(MMA_MIN_SLOTS);
-
-/// Sets the thresholds from which plain linears (`rows`) and routed experts (`slots`) take the
-/// tensor-core path (process-wide; for tests and benchmarks — `usize::MAX` turns a path off).
-pub fn set_mma_min(rows: usize, slots: usize) {
-    MIN_ROWS.store(rows, Ordering::Relaxed);
-    MIN_SLOTS.store(slots, Ordering::Relaxed);
+/// Where each tensor-core path starts (`usize::MAX`: never): plain linears by rows of `x` and
+/// weight kind, routed NVFP4 experts by routing slots — slot-major (one token per cube) from
+/// `slot_major`, grouped by expert from `grouped`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmaMin {
+    pub nvfp4: usize,
+    pub fp8: usize,
+    pub dense: usize,
+    pub slot_major: usize,
+    pub grouped: usize,
 }
 
-/// The current thresholds `(rows, slots)` of [`set_mma_min`].
-pub fn mma_min() -> (usize, usize) {
-    (
-        MIN_ROWS.load(Ordering::Relaxed),
-        MIN_SLOTS.load(Ordering::Relaxed),
-    )
+impl Default for MmaMin {
+    fn default() -> Self {
+        MmaMin {
+            nvfp4: MMA_MIN_ROWS,
+            fp8: MMA_FP8_MIN_ROWS,
+            dense: MMA_MIN_ROWS,
+            slot_major: MMA_MIN_ROWS,
+            grouped: MMA_MIN_SLOTS,
+        }
+    }
+}
+
+static MIN: [AtomicUsize; 5] = [
+    AtomicUsize::new(MMA_MIN_ROWS),
+    AtomicUsize::new(MMA_FP8_MIN_ROWS),
+    AtomicUsize::new(MMA_MIN_ROWS),
+    AtomicUsize::new(MMA_MIN_ROWS),
+    AtomicUsize::new(MMA_MIN_SLOTS),
+];
+
+/// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
+pub fn set_mma(m: MmaMin) {
+    for (cell, v) in MIN
+        .iter()
+        .zip([m.nvfp4, m.fp8, m.dense, m.slot_major, m.grouped])
+    {
+        cell.store(v, Ordering::Relaxed);
+    }
+}
+
+/// The current thresholds of [`set_mma`].
+pub fn mma() -> MmaMin {
+    let v = |i: usize| MIN[i].load(Ordering::Relaxed);
+    MmaMin {
+        nvfp4: v(0),
+        fp8: v(1),
+        dense: v(2),
+        slot_major: v(3),
+        grouped: v(4),
+    }
+}
+
+/// Every plain and slot-major path from `rows`, grouped routing from `slots` (`usize::MAX`
+/// turns a path off).
+pub fn set_mma_min(rows: usize, slots: usize) {
+    set_mma(MmaMin {
+        nvfp4: rows,
+        fp8: rows,
+        dense: rows,
+        slot_major: rows,
+        grouped: slots,
+    });
+}
+
+/// Rows of `x` up to which the FP8 tensor-core kernel quantizes them itself, in every cube
+/// ([`set_fp8_inq_max`]); more rows are quantized by one launch before it.
+pub const FP8_INQ_MAX_ROWS: usize = 0;
+
+static INQ_MAX_ROWS: AtomicUsize = AtomicUsize::new(FP8_INQ_MAX_ROWS);
+
+/// Sets the rows up to which the FP8 tensor-core kernel quantizes its rows itself (0: never;
+/// for tests and benchmarks).
+pub fn set_fp8_inq_max(rows: usize) {
+    INQ_MAX_ROWS.store(rows, Ordering::Relaxed);
+}
+
+/// The current value of [`set_fp8_inq_max`].
+pub fn fp8_inq_max() -> usize {
+    INQ_MAX_ROWS.load(Ordering::Relaxed)
 }
 
 /// Whether the device runs `mma` with `a`/`b` inputs of `ab` into f32 at `16 × 8 × k`, and
@@ -231,16 +300,22 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     #[comptime] kw: usize,
     #[comptime] grp: usize,
     #[comptime] routed: bool,
+    #[comptime] grouped: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
 ) {
-    // Plain calls run one row of cubes: `CUBE_POS_Y` is 0.
-    let e = CUBE_POS_Y as usize;
-    let count = if routed {
-        counts[e] as usize
-    } else {
-        tokens as usize
-    };
+    // Plain calls run one row of cubes (`CUBE_POS_Y` is 0); grouped routed calls one row per
+    // expert; slot-major routed calls one row per slot, whose expert id `members` holds.
+    let by = CUBE_POS_Y as usize;
+    let slot_major = routed && !grouped;
+    let e = if slot_major { members[by] as usize } else { by };
+    let mut count = tokens as usize;
+    if routed && grouped {
+        count = counts[e] as usize;
+    }
+    if slot_major {
+        count = 1u32 as usize;
+    }
     let (n_out, k, pairs) = (n_out as usize, k as usize, pairs as usize);
     let tile = CUBE_POS_X as usize * 16;
     // Uniform over the cube (the `mma` and the cube syncs need every unit).
@@ -263,7 +338,9 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
         for j in 0..nt {
             // Tokens past the end read the last one and are never written.
             let tok = (pass + j * 8 + g).min(count - 1);
-            let s = if routed {
+            let s = if slot_major {
+                by
+            } else if routed {
                 members[e * pairs + tok] as usize
             } else {
                 tok
@@ -321,7 +398,9 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
                     for i in 0..2usize {
                         let tok = pass + j * 8 + 2 * t + i;
                         if n < n_out && tok < count {
-                            let s = if routed {
+                            let s = if slot_major {
+                                by
+                            } else if routed {
                                 members[e * pairs + tok] as usize
                             } else {
                                 tok
@@ -389,6 +468,7 @@ pub fn fp8_quantize_bytes_kernel<F: Float>(
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_mma_kernel<NW: Size>(
     xq: &[Vector<u32, NW>],
+    xb: &[bf16],
     weight: &[Vector<u32, NW>],
     input_scales: &[f32],
     weight_scales: &[f32],
@@ -405,6 +485,7 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] grp: usize,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
+    #[comptime] inq: usize,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
@@ -420,6 +501,24 @@ pub fn fp8_mma_kernel<NW: Size>(
     let iters = chunks.div_ceil(4);
     let def = MmaDefinition::<Fp8E4m3, Fp8E4m3, f32>::new(16usize, 8usize, 32usize);
     let gs = input_scales[0] * weight_scales[0];
+    // `inq > 0`: the `inq` words of E4M3 codes of the (few) rows are quantized by the cube itself
+    // into shared memory (no quantizing launch before this one), as `fp8_quantize_bytes_kernel`.
+    let mut sq = Shared::<[u32]>::new_slice(comptime!(inq.max(1)));
+    if inq > 0 {
+        let mut i = warp * 32 + lane;
+        while i < inq {
+            let mut word = 0u32;
+            #[unroll]
+            for j in 0..4usize {
+                let v =
+                    (f32::cast_from(xb[i * 4 + j]) / input_scales[0]).clamp(-448.0f32, 448.0f32);
+                word |= e4m3_byte(e4m3_round(v)) << ((8 * j) as u32);
+            }
+            sq[i] = word;
+            i += 32 * kw;
+        }
+        sync_cube();
+    }
     let mut pass = 0usize;
     while pass < count {
         let mut xrow = Array::<usize>::new(nt);
@@ -456,10 +555,16 @@ pub fn fp8_mma_kernel<NW: Size>(
                     ra[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h + 1) & z);
                     #[unroll]
                     for j in 0..nt {
-                        let xv = xq[xrow[j] + cc];
+                        let (x0, x1) = if inq > 0 {
+                            let base = (xrow[j] + cc) * 4 + 2 * h;
+                            (sq[base], sq[base + 1])
+                        } else {
+                            let xv = xq[xrow[j] + cc];
+                            (xv.extract(2 * h), xv.extract(2 * h + 1))
+                        };
                         let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
-                        rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h));
-                        rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(xv.extract(2 * h + 1));
+                        rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x0);
+                        rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x1);
                         let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
                         cr[0] = Vector::new(0.0f32);
                         cr[1] = Vector::new(0.0f32);
@@ -629,11 +734,13 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
 ) -> Option<CubeTensor<R>> {
-    let (min_rows, min_slots) = mma_min();
+    let min = mma();
+    let grouped = c.routed && c.slots >= min.grouped && c.slots <= MMA_MAX_SLOTS;
+    // Routed calls below the grouping threshold run slot-major: one token per cube.
     let enough = if c.routed {
-        c.slots >= min_slots && c.slots <= MMA_MAX_SLOTS
+        grouped || c.slots >= min.slot_major
     } else {
-        c.slots >= min_rows
+        c.slots >= min.nvfp4
     };
     let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
     if c.dtype != DType::BF16 || c.k % 32 != 0 || !enough || !supported(&c.x.client, bf16_mma, 16) {
@@ -641,7 +748,11 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     }
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
-    let (counts, members, experts, nt) = if c.routed {
+    let (counts, members, experts, nt) = if c.routed && !grouped {
+        // The slots' expert ids stand in for `members` (i32 ids < E read as u32).
+        let ids = c.experts.clone()?;
+        (c.x.clone(), ids, c.slots, 1)
+    } else if c.routed {
         let n_experts = w.shape.experts;
         let counts = empty(&c.x, [n_experts], DType::U32);
         let members = empty(&c.x, [n_experts * c.slots], DType::U32);
@@ -667,7 +778,8 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     };
     // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors; tokens
     // and rows past the ends are clamped and never written; members are slots `< pairs` written by
-    // the grouping kernel (so `s / div` is a row of `x`).
+    // the grouping kernel (so `s / div` is a row of `x`), or (slot-major) the routing's expert ids
+    // `< E`, one per cube row `< slots`.
     unsafe {
         nvfp4_mma_kernel::launch_unchecked::<R>(
             client,
@@ -695,6 +807,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             WARPS as usize,
             GROUP,
             c.routed,
+            grouped,
             c.relu2,
             c.split.is_some(),
         )
@@ -710,7 +823,7 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
     if c.routed
         || c.dtype != DType::BF16
         || c.k % 16 != 0
-        || c.slots < mma_min().0
+        || c.slots < mma().fp8
         || !supported(&c.x.client, e4m3_mma, 32)
     {
         return false;
@@ -722,17 +835,29 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
         f32_buf(w.weight_scales.clone()),
     );
     let words = c.slots * c.k / 4;
-    let xq = empty(&c.x, [words], DType::U32);
-    let (count, dim) = elemwise(words);
-    fp8_quantize_bytes_kernel::launch::<bf16, R>(
-        client,
-        count,
-        dim,
-        arg(&c.x),
-        arg(&is),
-        arg(&xq),
-        words as u32,
-    );
+    // A few rows are quantized by every cube into shared memory (one launch instead of two).
+    let inq = if c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096 {
+        words
+    } else {
+        0
+    };
+    let xq = if inq > 0 {
+        // Unread stand-in (u32 words).
+        w.weight.clone()
+    } else {
+        let xq = empty(&c.x, [words], DType::U32);
+        let (count, dim) = elemwise(words);
+        fp8_quantize_bytes_kernel::launch::<bf16, R>(
+            client,
+            count,
+            dim,
+            arg(&c.x),
+            arg(&is),
+            arg(&xq),
+            words as u32,
+        );
+        xq
+    };
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors; tokens and rows
     // past the ends are clamped and never written.
     unsafe {
@@ -742,6 +867,7 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             CubeDim::new_2d(32, WARPS),
             4,
             arg(&xq),
+            arg(&c.x),
             arg(&w.weight),
             arg(&is),
             arg(&ws),
@@ -758,6 +884,7 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             GROUP,
             c.relu2,
             c.split.is_some(),
+            inq,
         )
     };
     true
@@ -772,7 +899,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
     if x.dtype != DType::BF16
         || w.dtype != DType::BF16
         || k % 8 != 0
-        || m < mma_min().0
+        || m < mma().dense
         || !supported(&x.client, bf16_mma, 16)
     {
         return None;
