@@ -1,5 +1,5 @@
-//! Tensor-core linears for batches (CUDA `mma.sync`, bf16 activations): NVFP4 W4A16 (plain, or
-//! routed experts grouped by expert) and FP8 W8A8 (plain). A warp computes a 16-output-row tile
+//! Tensor-core linears (CUDA `mma.sync`, bf16 activations): NVFP4 W4A16 (plain, or routed
+//! experts grouped by expert or slot-major) and FP8 W8A8 (plain, from one row; see [`MmaMin`]). A warp computes a 16-output-row tile
 //! for 8 tokens per `mma` — the weights are the `A` operand (16 × K), the activations `B` (K × 8)
 //! — so a weight is decoded once per 8 tokens instead of once per token, and the products run on
 //! the tensor cores instead of the FMA pipes. The weights stay packed in device memory and are
@@ -50,7 +50,8 @@ type Fp8E4m3 = cubecl::e4m3;
 /// per warp, 42 cubes).
 pub const WARPS: u32 = 4;
 
-/// Rows of `x` from which a plain linear runs on the tensor cores (bf16, CUDA).
+/// Rows of `x` from which a plain NVFP4 or dense linear, and slot-major routing, run on the
+/// tensor cores (bf16, CUDA).
 pub const MMA_MIN_ROWS: usize = 4;
 /// Rows of `x` from which a plain FP8 linear runs on the tensor cores: every row. At batch 1
 /// the `mma` over one token of eight still beat the FP8 GEMV in the whole Lightning step on the
