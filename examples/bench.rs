@@ -139,9 +139,11 @@ fn main() {
 /// Applies one `--mma-min` setting, from the library's defaults: `ROWS,SLOTS` (every plain and
 /// slot-major path from ROWS rows, grouped routing from SLOTS slots), or `key=value` items —
 /// `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped` (rows or slots; `max` for off), `inq` (FP8
-/// rows quantized in-kernel up to), `attn=fused|unfused` (decode attention form).
+/// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
+/// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
+/// `widen=on|off` (small tensor-core grids take up to 16 warps per cube).
 fn apply_setting(t: &str) -> Res<()> {
-    use nemotron::kernels::cube::attention::decode::set_force_unfused;
+    use nemotron::kernels::cube::attention::decode::{set_form, AttnForm};
     let num = |v: &str| -> Res<usize> {
         match v.trim() {
             "max" => Ok(usize::MAX),
@@ -152,7 +154,8 @@ fn apply_setting(t: &str) -> Res<()> {
     };
     let mut m = mma::MmaMin::default();
     let mut inq = mma::FP8_INQ_MAX_ROWS;
-    let mut unfused = false;
+    let mut form = AttnForm::Gqa;
+    let mut tune = mma::MmaTuning::default();
     let items: Vec<&str> = t.split(',').map(str::trim).collect();
     if items.iter().all(|i| !i.contains('=')) {
         let [rows, slots] = items[..] else {
@@ -178,11 +181,31 @@ fn apply_setting(t: &str) -> Res<()> {
                 "slotmajor" => m.slot_major = num(v)?,
                 "grouped" => m.grouped = num(v)?,
                 "inq" => inq = num(v)?,
+                "grp" => tune.group = num(v)?,
+                "widen" => {
+                    tune.widen = match v {
+                        "on" => true,
+                        "off" => false,
+                        v => return Err(format!("--mma-min widen={v:?}: on or off").into()),
+                    }
+                }
+                "pipe" => {
+                    tune.pipe = match v {
+                        "on" => true,
+                        "off" => false,
+                        v => return Err(format!("--mma-min pipe={v:?}: on or off").into()),
+                    }
+                }
                 "attn" => {
-                    unfused = match v {
-                        "fused" => false,
-                        "unfused" => true,
-                        v => return Err(format!("--mma-min attn={v:?}: fused or unfused").into()),
+                    form = match v {
+                        "gqa" => AttnForm::Gqa,
+                        "split" => AttnForm::Split,
+                        "unfused" => AttnForm::Unfused,
+                        v => {
+                            return Err(
+                                format!("--mma-min attn={v:?}: gqa, split or unfused").into()
+                            )
+                        }
                     }
                 }
                 k => return Err(format!("--mma-min {t:?}: unknown key {k:?}").into()),
@@ -191,7 +214,8 @@ fn apply_setting(t: &str) -> Res<()> {
     }
     mma::set_mma(m);
     mma::set_fp8_inq_max(inq);
-    set_force_unfused(unfused);
+    set_form(form);
+    mma::set_tuning(tune)?;
     Ok(())
 }
 
@@ -414,9 +438,11 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
         for t in &a.mma_min {
             apply_setting(t)?;
             println!(
-                "setting: {t} ({:?}, FP8 in-kernel quantizing up to {} rows)",
+                "setting: {t} ({:?}, FP8 in-kernel quantizing up to {} rows, {:?}, attention {:?})",
                 mma::mma(),
-                mma::fp8_inq_max()
+                mma::fp8_inq_max(),
+                mma::tuning(),
+                nemotron::kernels::cube::attention::decode::form()
             );
             first.get_or_insert(engine_run_one(a, m, batch, plen, graphs)?);
         }

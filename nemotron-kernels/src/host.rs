@@ -501,6 +501,19 @@ macro_rules! host_backend {
             ) {
                 add_rms_norm(x, y, weight, eps)
             }
+            fn add_moe_rms_norm(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                routed: burn::backend::tensor::FloatTensor<Self>,
+                w: burn::backend::tensor::FloatTensor<Self>,
+                shared: Maybe<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                eps: f64,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                add_rms_norm(x, moe_combine(routed, w, shared.into_option()), weight, eps)
+            }
             fn rms_norm(
                 x: burn::backend::tensor::FloatTensor<Self>,
                 gate: Maybe<Self>,

@@ -234,6 +234,19 @@ pub trait NemotronOps: Backend {
         eps: f64,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`Self::add_rms_norm`] with `y` given as a MoE layer's parts, combined inside exactly as
+    /// [`Self::moe_combine`] combines them (`routed` `[R·k, H]`, `w` `[R, k]` f32, the shared
+    /// expert's output `[R, H]` where there is one): the decode step's MoE output never takes a
+    /// launch of its own.
+    fn add_moe_rms_norm(
+        x: FloatTensor<Self>,
+        routed: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        #[extension_type] shared: Maybe<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// RMSNorm within `groups` contiguous channel groups of the last dimension, statistics in
     /// f32: `y = w · u / sqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` when a gate is
     /// given (Mamba2's gated norm: gate before the norm) and `u = x` otherwise. `x`, `gate`:

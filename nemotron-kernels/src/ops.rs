@@ -283,6 +283,45 @@ pub fn add_rms_norm(
     (out(s), out(n))
 }
 
+/// [`add_rms_norm`] with `y` as a MoE layer's parts (see [`NemotronOps::add_moe_rms_norm`]):
+/// `(x + moe_combine(routed, w, shared), RMSNorm(·) · weight)` in one launch on device backends.
+pub fn add_moe_rms_norm(
+    x: Tensor<2>,
+    routed: Tensor<2>,
+    w: Tensor<2>,
+    shared: Option<Tensor<2>>,
+    weight: Tensor<1>,
+    eps: f64,
+) -> (Tensor<2>, Tensor<2>) {
+    let ([r, h], [s, hr], [n, k]) = (x.dims(), routed.dims(), w.dims());
+    assert!(
+        n == r && s == r * k && hr == h,
+        "add_moe_rms_norm: x [{r}, {h}], routed [{s}, {hr}], weights [{n}, {k}]"
+    );
+    if let Some(sh) = &shared {
+        assert_eq!(
+            sh.dims(),
+            [r, h],
+            "add_moe_rms_norm: shared expert output shape"
+        );
+    }
+    assert_eq!(
+        weight.dims(),
+        [h],
+        "add_moe_rms_norm: weight for {h} channels"
+    );
+    let shared: Maybe<D> = shared.map(|t| t.into_dispatch()).into();
+    let (s, n) = <D as NemotronOps>::add_moe_rms_norm(
+        x.into_dispatch(),
+        routed.into_dispatch(),
+        w.into_dispatch(),
+        shared,
+        weight.into_dispatch(),
+        eps,
+    );
+    (out(s), out(n))
+}
+
 /// The MoE output from the routed experts' outputs `y` `[N·k, H]`, the routing weights `w`
 /// `[N, k]` (f32) and the shared expert's output `[N, H]` (see [`NemotronOps::moe_combine`]).
 pub fn moe_combine(y: Tensor<2>, w: Tensor<2>, shared: Option<Tensor<2>>) -> Tensor<2> {

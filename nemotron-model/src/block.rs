@@ -4,7 +4,7 @@ use crate::attention::Attention;
 use crate::cache::{LayerState, SequenceState};
 use crate::mamba2::Mamba2;
 use crate::mlp::Mlp;
-use crate::moe::Moe;
+use crate::moe::{Moe, MoeOut};
 use crate::norm::RmsNorm;
 use crate::slots::SlotLayer;
 use crate::util::float;
@@ -105,20 +105,23 @@ impl Block {
         &self.norm
     }
 
-    /// The mixer alone over slot states, on the already-normalized `h` `[B, 1, hidden]`: the
-    /// decode step adds the residual and applies the next norm in one fused op.
+    /// The mixer alone over slot states, on the already-normalized `h` `[B, 1, hidden]`, as rows
+    /// `[B, hidden]` (a MoE's left uncombined): the decode step adds the residual, combines and
+    /// applies the next norm in one fused op.
     pub(crate) fn mix_step(
         &self,
         h: Tensor<3>,
         pools: &mut SlotLayer,
         lens: &Tensor<1, Int>,
         slots: &Tensor<1, Int>,
-    ) -> Tensor<3> {
+    ) -> MoeOut {
+        let [b, _, hid] = h.dims();
+        let rows = |y: Tensor<3>| MoeOut::Combined(y.reshape([b, hid]));
         match &self.mixer {
-            Mixer::Mamba(m) => m.step(h, pools, slots),
-            Mixer::Moe(m) => m.forward(h),
-            Mixer::Attention(a) => a.step(h, pools, lens, slots),
-            Mixer::Mlp(m) => m.forward(h),
+            Mixer::Mamba(m) => rows(m.step(h, pools, slots)),
+            Mixer::Moe(m) => m.forward_parts(h),
+            Mixer::Attention(a) => rows(a.step(h, pools, lens, slots)),
+            Mixer::Mlp(m) => rows(m.forward(h)),
         }
     }
 

@@ -16,6 +16,17 @@ use nemotron_kernels::{ops, Epilogue, Fp8Weights, Nvfp4Weights, RouteConfig};
 use nemotron_loader::config::MoeConfig;
 use nemotron_loader::{LinearWeight as W, MoeWeights};
 
+/// A MoE layer's output rows: the parts [`ops::moe_combine`] combines, or (mixed-form experts)
+/// the combined rows.
+pub(crate) enum MoeOut {
+    Parts {
+        routed: Tensor<2>,
+        w: Tensor<2>,
+        shared: Option<Tensor<2>>,
+    },
+    Combined(Tensor<2>),
+}
+
 #[derive(Debug, Clone)]
 pub struct Moe {
     /// Router, transposed: `[hidden, E]`, f32.
@@ -103,6 +114,17 @@ impl Moe {
     /// `h`: `[B, T, hidden]`.
     pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
         let [b, t, hid] = h.dims();
+        let out = match self.forward_parts(h) {
+            MoeOut::Parts { routed, w, shared } => ops::moe_combine(routed, w, shared),
+            MoeOut::Combined(y) => y,
+        };
+        out.reshape([b, t, hid])
+    }
+
+    /// The layer's output over `h` `[B, T, hidden]` as rows `[B·T, hidden]`, left uncombined
+    /// where the experts are stacked (the decode step folds the combine into the next norm).
+    pub(crate) fn forward_parts(&self, h: Tensor<3>) -> MoeOut {
+        let [b, t, hid] = h.dims();
         let n = b * t;
         let x: Tensor<2> = h.reshape([n, hid]);
         let (idx, w) = self.route(x.clone());
@@ -130,19 +152,19 @@ impl Moe {
             Experts::PerExpert(_) => None,
         };
         // The routed sum accumulates in f32 (as HF does), returns to the activation dtype, then
-        // the shared expert is added: one launch for the stacked forms.
+        // the shared expert is added: one launch for the stacked forms (`moe_combine`, or the
+        // next norm's).
         let shared = self.shared.as_ref().map(|s| s.forward(x.clone()));
-        let out = match routed {
-            Some(y) => ops::moe_combine(y, w, shared),
+        match routed {
+            Some(routed) => MoeOut::Parts { routed, w, shared },
             None => {
                 let out = from_f32(self.per_expert(x.clone(), idx, w), dtype);
-                match shared {
+                MoeOut::Combined(match shared {
                     Some(s) => out + s,
                     None => out,
-                }
+                })
             }
-        };
-        out.reshape([b, t, hid])
+        }
     }
 
     /// Mixed-form experts: tokens grouped by expert on the host, f32 sum.

@@ -11,6 +11,7 @@ use crate::block::Mixer;
 use crate::cache::{LayerState, SequenceState};
 use crate::error::ModelError;
 use crate::model::NemotronH;
+use crate::moe::MoeOut;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
 
@@ -185,7 +186,15 @@ impl NemotronH {
         for (i, (block, pools)) in layers.iter().zip(st.layers.iter_mut()).enumerate() {
             let y = block.mix_step(h.reshape([b, 1, hid]), pools, &st.lens, slots);
             let next = layers.get(i + 1).map_or(self.norm_f(), |l| l.norm());
-            (x, h) = ops::add_rms_norm(x, y.reshape([b, hid]), next.weight.clone(), next.eps);
+            let (w, eps) = (next.weight.clone(), next.eps);
+            (x, h) = match y {
+                MoeOut::Combined(y) => ops::add_rms_norm(x, y, w, eps),
+                MoeOut::Parts {
+                    routed,
+                    w: cw,
+                    shared,
+                } => ops::add_moe_rms_norm(x, routed, cw, shared, w, eps),
+            };
         }
         st.lens = ops::advance_lens(st.lens.clone(), slots);
         self.lm_head().forward(h, Epilogue::None)

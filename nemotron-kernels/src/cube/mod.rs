@@ -67,6 +67,17 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         norm::add_launch(x, y, weight, eps)
     }
 
+    fn add_moe_rms_norm(
+        x: T<R>,
+        routed: T<R>,
+        w: T<R>,
+        shared: Maybe<Self>,
+        weight: T<R>,
+        eps: f64,
+    ) -> (T<R>, T<R>) {
+        norm::add_combine_launch(x, routed, Some(w), shared, weight, eps)
+    }
+
     fn moe_combine(y: T<R>, w: T<R>, shared: Maybe<Self>) -> T<R> {
         route::combine_launch(y, w, shared)
     }

@@ -102,9 +102,12 @@ pub fn launch<R: CubeRuntime>(
 /// memory once — with the stores interleaved, each load had waited for the store before it
 /// (the buffers may alias as far as the compiler knows): 11 µs for one 2,688-wide row on the H200.
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm_kernel<F: Float>(
     x: &[F],
     y: &[F],
+    cw: &[f32],
+    shared: &[F],
     weight: &[F],
     sum: &mut [F],
     out: &mut [F],
@@ -113,20 +116,43 @@ pub fn add_rms_norm_kernel<F: Float>(
     #[comptime] per: usize,
     #[comptime] units: usize,
     #[comptime] plane: bool,
+    #[comptime] k: usize,
+    #[comptime] has_shared: bool,
 ) {
     let h = h as usize;
-    let base = CUBE_POS_X as usize * h;
+    let row = CUBE_POS_X as usize;
+    let base = row * h;
     let u = UNIT_POS_X as usize;
     let mut s = Array::<f32>::new(per);
     let mut w = Array::<f32>::new(per);
     let mut ss = 0.0f32;
+    // `k > 0`: `y` holds the MoE's `k` routed outputs per row, combined here as `moe_combine`
+    // does (f32 sum rounded to `F`, then `+ shared` rounded again).
+    let mut rw = Array::<f32>::new(comptime!(k.max(1)));
+    #[unroll]
+    for j in 0..k {
+        rw[j] = cw[row * k + j];
+    }
     #[unroll]
     for i in 0..per {
         let c = (u + i * units).min(h - 1);
+        let yv = if k == 0 {
+            f32::cast_from(y[base + c])
+        } else {
+            let mut acc = 0.0f32;
+            #[unroll]
+            for j in 0..k {
+                acc += rw[j] * f32::cast_from(y[(row * k + j) * h + c]);
+            }
+            let r = f32::cast_from(F::cast_from(acc));
+            if has_shared {
+                f32::cast_from(F::cast_from(r + f32::cast_from(shared[base + c])))
+            } else {
+                r
+            }
+        };
         // Rounded to `F` first, exactly as a separate add would store it.
-        let v = f32::cast_from(F::cast_from(
-            f32::cast_from(x[base + c]) + f32::cast_from(y[base + c]),
-        ));
+        let v = f32::cast_from(F::cast_from(f32::cast_from(x[base + c]) + yv));
         s[i] = v;
         w[i] = f32::cast_from(weight[c]);
     }
@@ -157,10 +183,26 @@ pub fn add_launch<R: CubeRuntime>(
     weight: CubeTensor<R>,
     eps: f64,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
+    add_combine_launch(x, y, None, Maybe::None, weight, eps)
+}
+
+/// [`add_launch`] with `y` as the MoE's parts: routed outputs `[R·k, H]`, routing weights
+/// `cw` `[R, k]` (f32) and the shared expert's output `[R, H]` where there is one.
+pub fn add_combine_launch<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    y: CubeTensor<R>,
+    cw: Option<CubeTensor<R>>,
+    shared: Maybe<CubeBackend<R>>,
+    weight: CubeTensor<R>,
+    eps: f64,
+) -> (CubeTensor<R>, CubeTensor<R>) {
     let x = float_buf(x);
     let dtype = x.dtype;
     let y = contiguous_as(y, dtype);
     let w = contiguous_as(weight, dtype);
+    let cw = cw.map(super::buffers::f32_buf);
+    let k = cw.as_ref().map_or(0, |c| c.meta.shape()[1]);
+    let shared = shared.into_option().map(|s| contiguous_as(s, dtype));
     let shape = x.meta.shape().clone();
     let (r, h) = (shape[0], shape[1]);
     let sum = empty(&x, [r, h], dtype);
@@ -175,6 +217,9 @@ pub fn add_launch<R: CubeRuntime>(
         .next_power_of_two()
         .clamp(NORM_UNITS as usize, 1024);
     let per = h.div_ceil(units);
+    // Unread stand-ins where a part is absent.
+    let cwa = cw.as_ref().unwrap_or(&x);
+    let sh = shared.as_ref().unwrap_or(&x);
     macro_rules! go {
         ($t:ty) => {
             add_rms_norm_kernel::launch::<$t, R>(
@@ -183,6 +228,8 @@ pub fn add_launch<R: CubeRuntime>(
                 CubeDim::new_1d(units as u32),
                 arg(&x),
                 arg(&y),
+                arg(cwa),
+                arg(sh),
                 arg(&w),
                 arg(&sum),
                 arg(&out),
@@ -191,6 +238,8 @@ pub fn add_launch<R: CubeRuntime>(
                 per,
                 units,
                 plane_reduce(&x.client, 32),
+                k,
+                shared.is_some(),
             )
         };
     }

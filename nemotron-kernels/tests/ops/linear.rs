@@ -338,6 +338,31 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
 /// 1–20 slots), FP8 plain into three parts (Mamba's `in_proj`) and plain with relu², dense bf16.
 pub fn mma_linears_match(arm: &Arm) {
     use nemotron_kernels::cube::linear::mma;
+    // The load rounds of the tensor-core kernels (default; pipelined at groups 1 and 4): they
+    // apply to bf16 arms only (elsewhere every pass is a GEMV, so once is enough).
+    let mut tunings = vec![mma::MmaTuning::default()];
+    if arm.dtype == burn::tensor::DType::BF16 {
+        tunings.push(mma::MmaTuning {
+            group: 4,
+            pipe: true,
+            widen: true,
+        });
+        tunings.push(mma::MmaTuning {
+            group: 1,
+            pipe: true,
+            widen: false,
+        });
+    }
+    for t in tunings {
+        eprintln!("tensor-core tuning {t:?}");
+        mma::set_tuning(t).expect("a valid tuning");
+        mma_linears_case(arm);
+    }
+    mma::set_tuning(mma::MmaTuning::default()).expect("the default tuning");
+}
+
+fn mma_linears_case(arm: &Arm) {
+    use nemotron_kernels::cube::linear::mma;
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
     // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to).

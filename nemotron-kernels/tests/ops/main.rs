@@ -206,6 +206,7 @@ arms! {
     mma_linears => linear::mma_linears_match,
     rms_norm => norm::rms_norm_matches,
     add_rms_norm => norm::add_rms_norm_matches,
+    add_moe_rms_norm => norm::add_moe_rms_norm_matches,
     moe_route => route::moe_route_matches,
     moe_combine => route::moe_combine_matches,
     dt_softplus => mamba::dt_softplus_matches,

@@ -54,10 +54,17 @@ pub fn conv_step_matches(arm: &Arm) {
 }
 
 /// The slot SSM step reading `x | B | C` from one conv output row and applying the dt softplus
-/// itself (with and without the `dt_min` floor), against the reference.
+/// itself (with and without the `dt_min` floor), against the reference: a state of 16 (the
+/// strided loop) and of 128 (the real one: a lane's share held in registers).
 pub fn ssm_step_matches(arm: &Arm) {
+    for n in [16, 128] {
+        ssm_step_case(arm, n);
+    }
+}
+
+fn ssm_step_case(arm: &Arm, n: usize) {
     let (href, mut rng) = (Arm::host(), Rng::new(12, arm));
-    let (s, h, p, g, n) = (3, 4, 8, 2, 16);
+    let (s, h, p, g) = (3, 4, 8, 2);
     let dims = ScanDims {
         heads: h,
         head_dim: p,
@@ -97,7 +104,7 @@ pub fn ssm_step_matches(arm: &Arm) {
         };
         let ((gy, gp, gbefore), (ry, rp, _)) = (run(arm), run(&href));
         close(
-            &format!("ssm_step y (dt_min {dt_min:?})"),
+            &format!("ssm_step y (n {n}, dt_min {dt_min:?})"),
             &gy,
             &ry,
             arm.band.scan,
@@ -107,7 +114,7 @@ pub fn ssm_step_matches(arm: &Arm) {
             "ssm_step: a pad row is not zero"
         );
         close(
-            &format!("ssm_step pool (dt_min {dt_min:?})"),
+            &format!("ssm_step pool (n {n}, dt_min {dt_min:?})"),
             &gp,
             &rp,
             arm.band.scan,
@@ -118,28 +125,33 @@ pub fn ssm_step_matches(arm: &Arm) {
 
 /// Decode attention over slots: a short context (one chunk of the split) and a long one (several
 /// chunks of `ATTN_CHUNK`, the last partial; an empty slot), a pad row, GQA.
-/// Both device forms (fused split + merge; the four-launch form) against the host: head dims 16
-/// and 128 (the real one), lengths whose new token opens, ends or sits inside a 64-position chunk,
-/// a capacity that is not a multiple of the chunk, a pad row.
+/// Every device form (per kv group + merge, the default; per query head + merge; the four-launch
+/// form) against the host: head dims 16 and 128 (the real one), groups of 2 and 16 query heads
+/// (the real one), lengths whose new token opens, ends or sits inside a 64-position chunk, a
+/// capacity that is not a multiple of the chunk, a context past 8 chunks (the merge's rounds), a
+/// pad row.
 pub fn attention_step_matches(arm: &Arm) {
-    use nemotron_kernels::cube::attention::decode::set_force_unfused;
-    for unfused in [false, true] {
-        set_force_unfused(unfused);
-        for (cap, lens, hd) in [
-            (8, [3, 0, 5], 16),
-            (200, [130, 0, 198], 16),
-            (130, [63, 64, 129], 128),
-            (300, [127, 5, 256], 128),
+    use nemotron_kernels::cube::attention::decode::{set_form, AttnForm};
+    for form in [AttnForm::Gqa, AttnForm::Split, AttnForm::Unfused] {
+        set_form(form);
+        for (cap, lens, hd, nh) in [
+            (8, [3, 0, 5], 16, 4),
+            (200, [130, 0, 198], 16, 4),
+            (130, [63, 64, 129], 128, 4),
+            (300, [127, 5, 256], 128, 4),
+            (130, [63, 64, 129], 128, 32),
+            (700, [600, 1, 640], 128, 32),
+            (200, [130, 0, 198], 16, 6),
         ] {
-            attention_step_case(arm, cap, lens, hd);
+            attention_step_case(arm, cap, lens, hd, nh);
         }
     }
-    set_force_unfused(false);
+    set_form(AttnForm::Gqa);
 }
 
-fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize) {
+fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize, nh: usize) {
     let (href, mut rng) = (Arm::host(), Rng::new(13, arm));
-    let (s, nh, kvh) = (3, 4, 2);
+    let (s, kvh) = (3, 2);
     let rows = [2, 0, -1, 1];
     let b = rows.len();
     let q = rng.vec(b * nh * hd, 1.0);
@@ -174,7 +186,12 @@ fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize) {
         )
     };
     let ((go, gk, gv, gbefore, glens), (ro, rk, rv, _, _)) = (run(arm), run(&href));
-    close("attention_step o", &go, &ro, arm.band.lin);
+    close(
+        &format!("attention_step o (cap {cap}, lens {lens:?}, hd {hd}, {nh} heads)"),
+        &go,
+        &ro,
+        arm.band.lin,
+    );
     assert!(
         go[2 * nh * hd..3 * nh * hd].iter().all(|&v| v == 0.0),
         "attention_step: a pad row is not zero"

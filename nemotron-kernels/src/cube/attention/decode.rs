@@ -9,9 +9,13 @@
 //! 4. merge: a cube per `(b, q head)`: the chunks' partials rescaled to the row's maximum,
 //!    `o = Σ o_c · e^(m_c − M) / Σ z_c · e^(m_c − M)` (flash-decoding).
 //!
-//! Where the head dim allows ([`attn_split_kernel()`]: even, dividing 128 — every real config),
-//! 1–3 run as one launch per `(q head, row, chunk of 64 positions)` with the append folded in,
-//! then the merge: two launches per layer. The four-launch form stays for other head dims.
+//! Where the head dim allows (even, dividing 128 — every real config), 1–3 run as one launch with
+//! the append folded in, then the merge: two launches per layer. By default
+//! ([`AttnForm::Gqa`], [`attn_gqa_kernel()`]) a cube takes one `(kv head, row, chunk of 64
+//! positions)` for all the query heads of its group, so each K/V chunk is read once per group
+//! (16 query heads share a kv head in the Nano/Lightning geometry); [`attn_split_kernel()`] (a
+//! cube per query head) stays for groups too large for its shared memory. The four-launch form
+//! stays for other head dims.
 //!
 //! The lengths and slots are read on the device (`len[s]` before this step's token), so the same
 //! launches serve every step of a captured graph; pad rows (`slot < 0`) write zeros.
@@ -311,9 +315,13 @@ pub fn attn_split_kernel<F: Float>(
     }
 }
 
+/// Chunk partials the merge reads per round (loads issued before use: a round costs one
+/// memory latency, where a serial walk cost one per chunk — ≈ 40 µs per layer after an 8K prompt).
+const MERGE_UNROLL: usize = 8;
+
 /// Merges a `(row, q head)`'s chunk partials: `M = max m_c`, `Z = Σ z_c · e^(m_c − M)`,
 /// `o[d] = Σ o_c[d] · e^(m_c − M) / Z` (pad rows write zeros). A cube per `(q head, row)`, a unit
-/// per `d`.
+/// per `d`; chunks taken [`MERGE_UNROLL`] at a time.
 #[cube(launch)]
 pub fn attn_merge_kernel<F: Float>(
     part: &[f32],
@@ -340,20 +348,264 @@ pub fn attn_merge_kernel<F: Float>(
     }
     let n = lens[slot as usize] as usize + 1;
     let used = n.div_ceil(chunk);
-    let base = (b * nh + h) * chunks * (hd + 2);
+    let stride = hd + 2;
+    let base = (b * nh + h) * chunks * stride;
+    // Chunk 0 always holds a position; rounds clamp to the last used chunk (a repeat changes
+    // neither the maximum nor, masked, the sums).
     let mut mm = part[base];
-    for c in 1..used {
-        mm = mm.max(part[base + c * (hd + 2)]);
+    let mut c0 = 0usize;
+    while c0 < used {
+        let mut ms = Array::<f32>::new(MERGE_UNROLL);
+        #[unroll]
+        for i in 0..MERGE_UNROLL {
+            ms[i] = part[base + (c0 + i).min(used - 1) * stride];
+        }
+        #[unroll]
+        for i in 0..MERGE_UNROLL {
+            mm = mm.max(ms[i]);
+        }
+        c0 += MERGE_UNROLL;
     }
     let mut z = 0.0f32;
     let mut acc = 0.0f32;
-    for c in 0..used {
-        let pb = base + c * (hd + 2);
-        let f = (part[pb] - mm).exp();
-        z += part[pb + 1] * f;
-        acc += part[pb + 2 + dd] * f;
+    c0 = 0usize;
+    while c0 < used {
+        let mut ms = Array::<f32>::new(MERGE_UNROLL);
+        let mut zs = Array::<f32>::new(MERGE_UNROLL);
+        let mut os = Array::<f32>::new(MERGE_UNROLL);
+        #[unroll]
+        for i in 0..MERGE_UNROLL {
+            let pb = base + (c0 + i).min(used - 1) * stride;
+            ms[i] = part[pb];
+            zs[i] = part[pb + 1];
+            os[i] = part[pb + 2 + dd];
+        }
+        #[unroll]
+        for i in 0..MERGE_UNROLL {
+            let f = if c0 + i < used {
+                (ms[i] - mm).exp()
+            } else {
+                0.0f32
+            };
+            z += zs[i] * f;
+            acc += os[i] * f;
+        }
+        c0 += MERGE_UNROLL;
     }
     o[oi] = F::cast_from(acc / z);
+}
+
+/// Units per cube of [`attn_gqa_kernel()`]: two per position of a [`SPLIT_CHUNK`] chunk.
+pub const GQA_UNITS: usize = 2 * SPLIT_CHUNK;
+/// Shared memory (bytes) [`attn_gqa_kernel()`] may take; larger groups run [`attn_split_kernel()`].
+const GQA_SHARED: usize = 40 * 1024;
+
+/// Max (`max`) or sum over each of the `r` segments of [`SPLIT_CHUNK`] values of `a`, left in
+/// the segment's first entry: a shared-memory tree over every unit of the cube (no plane ops, so
+/// lavapipe runs it too). Every unit must call it.
+#[cube]
+fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool) {
+    let u = UNIT_POS_X as usize;
+    // A runtime stride (a comptime one cannot be updated): `CUBE_DIM = GQA_UNITS = 2 · CHUNK`.
+    let mut stride = CUBE_DIM_X as usize / 4;
+    while stride > 0 {
+        #[unroll]
+        for i in 0..comptime!((r * SPLIT_CHUNK / 2).div_ceil(GQA_UNITS)) {
+            let e = u + i * GQA_UNITS;
+            if e < r * stride {
+                let at = (e / stride) * SPLIT_CHUNK + e % stride;
+                let (x, y) = (a[at], a[at + stride]);
+                a[at] = if max { x.max(y) } else { x + y };
+            }
+        }
+        sync_cube();
+        stride /= 2;
+    }
+}
+
+/// One chunk of [`SPLIT_CHUNK`] positions of one `(row, kv head)` for all `r` query heads of its
+/// group, in one launch (then [`attn_merge_kernel()`]): the chunk's K and V are read once for the
+/// `r` heads instead of once per head, as GQA allows. A cube per `(kv head, row, chunk)`,
+/// [`GQA_UNITS`] units: scores with unit `u` on position `u % CHUNK` and half `u / CHUNK` of `d`
+/// (its K half-row in registers, the `r` query rows in shared memory), softmax partials by
+/// per-head shared-memory trees, `Σ p·V` with unit `u` on `d = u % hd`. The step's K/V row is
+/// appended by the cube whose chunk holds it and read from `k`/`v` by the scores. `hd` is even and
+/// divides [`GQA_UNITS`].
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn attn_gqa_kernel<F: Float>(
+    q: &[F],
+    k: &[F],
+    v: &[F],
+    lens: &[i32],
+    slots: &[i32],
+    kpool: &mut [F],
+    vpool: &mut [F],
+    part: &mut [f32],
+    heads: u32,
+    kv_heads: u32,
+    cap: u32,
+    chunks: u32,
+    scale: f32,
+    #[comptime] hd: usize,
+    #[comptime] r: usize,
+) {
+    let (nh, kvh, cap, chunks) = (
+        heads as usize,
+        kv_heads as usize,
+        cap as usize,
+        chunks as usize,
+    );
+    let g = CUBE_POS_X as usize;
+    let b = CUBE_POS_Y as usize;
+    let c = CUBE_POS_Z as usize;
+    let u = UNIT_POS_X as usize;
+    let slot = slots[b];
+    // Uniform per cube: pad rows and chunks past the length leave whole.
+    if slot < 0 {
+        terminate!();
+    }
+    let s = slot as usize;
+    let len = lens[s] as usize;
+    let n = len + 1;
+    let t0 = c * SPLIT_CHUNK;
+    if t0 >= n {
+        terminate!();
+    }
+    let kvb = (s * kvh + g) * cap;
+    let newb = (b * kvh + g) * hd;
+    if len < t0 + SPLIT_CHUNK && u < hd {
+        kpool[(kvb + len) * hd + u] = k[newb + u];
+        vpool[(kvb + len) * hd + u] = v[newb + u];
+    }
+    // The group's query rows are contiguous: heads `g·r .. g·r + r` of row `b`.
+    let qb = (b * nh + g * r) * hd;
+    let mut qs = Shared::<[f32]>::new_slice(r * hd);
+    #[unroll]
+    for i in 0..comptime!((r * hd).div_ceil(GQA_UNITS)) {
+        let e = u + i * GQA_UNITS;
+        if e < r * hd {
+            qs[e] = f32::cast_from(q[qb + e]);
+        }
+    }
+    let half = hd / 2;
+    let p = u % SPLIT_CHUNK;
+    let d0 = (u / SPLIT_CHUNK) * half;
+    let t = (t0 + p).min(n - 1);
+    let mut kv = Array::<f32>::new(half);
+    if t == len {
+        #[unroll]
+        for i in 0..half {
+            kv[i] = f32::cast_from(k[newb + d0 + i]);
+        }
+    } else {
+        let kb = (kvb + t) * hd + d0;
+        #[unroll]
+        for i in 0..half {
+            kv[i] = f32::cast_from(kpool[kb + i]);
+        }
+    }
+    sync_cube();
+    let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
+    #[unroll]
+    for j in 0..r {
+        let mut dot = 0.0f32;
+        #[unroll]
+        for i in 0..half {
+            dot += kv[i] * qs[j * hd + d0 + i];
+        }
+        sm[j * GQA_UNITS + u] = dot;
+    }
+    sync_cube();
+    let valid = (n - t0).min(SPLIT_CHUNK);
+    // Scores `[r, CHUNK]` (positions past the length take the chunk's first score: they change
+    // no maximum and are zeroed below).
+    let mut ps = Shared::<[f32]>::new_slice(r * SPLIT_CHUNK);
+    let mut red = Shared::<[f32]>::new_slice(r * SPLIT_CHUNK);
+    #[unroll]
+    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+        let e = u + i * GQA_UNITS;
+        if e < r * SPLIT_CHUNK {
+            let (j, pp) = (e / SPLIT_CHUNK, e % SPLIT_CHUNK);
+            let pv = if pp < valid { pp } else { 0usize };
+            let sc = (sm[j * GQA_UNITS + pv] + sm[j * GQA_UNITS + pv + SPLIT_CHUNK]) * scale;
+            ps[e] = sc;
+            red[e] = sc;
+        }
+    }
+    sync_cube();
+    seg_reduce(&mut red, r, true);
+    #[unroll]
+    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+        let e = u + i * GQA_UNITS;
+        if e < r * SPLIT_CHUNK {
+            let (j, pp) = (e / SPLIT_CHUNK, e % SPLIT_CHUNK);
+            let w = if pp < valid {
+                (ps[e] - red[j * SPLIT_CHUNK]).exp()
+            } else {
+                0.0f32
+            };
+            ps[e] = w;
+        }
+    }
+    // Every unit has read its maxima before the sums overwrite `red`.
+    sync_cube();
+    let mut mj = 0.0f32;
+    if u < r {
+        mj = red[u * SPLIT_CHUNK];
+    }
+    sync_cube();
+    #[unroll]
+    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+        let e = u + i * GQA_UNITS;
+        if e < r * SPLIT_CHUNK {
+            red[e] = ps[e];
+        }
+    }
+    sync_cube();
+    seg_reduce(&mut red, r, false);
+    // `Σ p·V`: unit `u` takes `d = u % hd` over the positions `≡ u / hd (mod GQA_UNITS / hd)`.
+    let parts = GQA_UNITS / hd;
+    let dd = u % hd;
+    let j0 = u / hd;
+    let per = SPLIT_CHUNK / parts;
+    let mut vals = Array::<f32>::new(per);
+    #[unroll]
+    for i in 0..per {
+        let tt = (t0 + j0 + i * parts).min(n - 1);
+        vals[i] = if tt == len {
+            f32::cast_from(v[newb + dd])
+        } else {
+            f32::cast_from(vpool[(kvb + tt) * hd + dd])
+        };
+    }
+    #[unroll]
+    for j in 0..r {
+        let mut acc = 0.0f32;
+        #[unroll]
+        for i in 0..per {
+            acc += ps[j * SPLIT_CHUNK + j0 + i * parts] * vals[i];
+        }
+        sm[j * GQA_UNITS + u] = acc;
+    }
+    sync_cube();
+    let hb = (b * nh + g * r) * chunks + c;
+    if u < hd {
+        #[unroll]
+        for j in 0..r {
+            let mut o = 0.0f32;
+            #[unroll]
+            for jj in 0..parts {
+                o += sm[j * GQA_UNITS + jj * hd + u];
+            }
+            part[(hb + j * chunks) * (hd + 2) + 2 + u] = o;
+        }
+    }
+    if u < r {
+        let pb = (hb + u * chunks) * (hd + 2);
+        part[pb] = mj;
+        part[pb + 1] = red[u * SPLIT_CHUNK];
+    }
 }
 
 /// Whether [`attn_split_kernel()`] takes head dim `hd` (even, dividing its 128 units: 2 … 128).
@@ -361,12 +613,37 @@ fn split_applies(hd: usize) -> bool {
     hd >= 2 && hd % 2 == 0 && SPLIT_UNITS % hd == 0
 }
 
-static FORCE_UNFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Which form of decode attention [`launch`] runs where the head dim allows the fused ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnForm {
+    /// [`attn_gqa_kernel()`] + merge: one cube per `(kv head, row, chunk)` for the group's heads.
+    Gqa,
+    /// [`attn_split_kernel()`] + merge: one cube per `(q head, row, chunk)`.
+    Split,
+    /// Append, scores, partials, merge: four launches.
+    Unfused,
+}
 
-/// Runs the four-launch form (append, scores, partials, merge) even where the fused one applies
-/// (process-wide; for tests and benchmarks).
-pub fn set_force_unfused(on: bool) {
-    FORCE_UNFUSED.store(on, std::sync::atomic::Ordering::Relaxed);
+static FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Sets the decode attention form (process-wide; for tests and benchmarks). The default is
+/// [`AttnForm::Gqa`].
+pub fn set_form(f: AttnForm) {
+    let v = match f {
+        AttnForm::Gqa => 0,
+        AttnForm::Split => 1,
+        AttnForm::Unfused => 2,
+    };
+    FORM.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The form [`set_form`] chose.
+pub fn form() -> AttnForm {
+    match FORM.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => AttnForm::Gqa,
+        1 => AttnForm::Split,
+        _ => AttnForm::Unfused,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -402,28 +679,56 @@ pub fn launch<R: CubeRuntime>(
     let part = empty(&q, [rows, nh, chunks, hd + 2], DType::F32);
     let o = empty(&q, [rows, nh, hd], dtype);
     let client = q.client.clone();
-    if split_applies(hd) && !FORCE_UNFUSED.load(std::sync::atomic::Ordering::Relaxed) {
+    let mut form = form();
+    // The GQA cube stages `r` query rows, `r` unit sums and two `r × CHUNK` score arrays.
+    if form == AttnForm::Gqa && (nh / kvh) * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4 > GQA_SHARED {
+        form = AttnForm::Split;
+    }
+    if split_applies(hd) && form != AttnForm::Unfused {
         macro_rules! split {
             ($t:ty) => {{
-                attn_split_kernel::launch::<$t, R>(
-                    &client,
-                    CubeCount::Static(nh as u32, rows as u32, chunks as u32),
-                    CubeDim::new_1d(SPLIT_UNITS as u32),
-                    arg(&q),
-                    arg(&k),
-                    arg(&v),
-                    arg(&lens),
-                    arg(&slots),
-                    arg(&kpool),
-                    arg(&vpool),
-                    arg(&part),
-                    nh as u32,
-                    kvh as u32,
-                    cap as u32,
-                    chunks as u32,
-                    scale,
-                    hd,
-                );
+                if form == AttnForm::Gqa {
+                    attn_gqa_kernel::launch::<$t, R>(
+                        &client,
+                        CubeCount::Static(kvh as u32, rows as u32, chunks as u32),
+                        CubeDim::new_1d(GQA_UNITS as u32),
+                        arg(&q),
+                        arg(&k),
+                        arg(&v),
+                        arg(&lens),
+                        arg(&slots),
+                        arg(&kpool),
+                        arg(&vpool),
+                        arg(&part),
+                        nh as u32,
+                        kvh as u32,
+                        cap as u32,
+                        chunks as u32,
+                        scale,
+                        hd,
+                        nh / kvh,
+                    );
+                } else {
+                    attn_split_kernel::launch::<$t, R>(
+                        &client,
+                        CubeCount::Static(nh as u32, rows as u32, chunks as u32),
+                        CubeDim::new_1d(SPLIT_UNITS as u32),
+                        arg(&q),
+                        arg(&k),
+                        arg(&v),
+                        arg(&lens),
+                        arg(&slots),
+                        arg(&kpool),
+                        arg(&vpool),
+                        arg(&part),
+                        nh as u32,
+                        kvh as u32,
+                        cap as u32,
+                        chunks as u32,
+                        scale,
+                        hd,
+                    );
+                }
                 attn_merge_kernel::launch::<$t, R>(
                     &client,
                     CubeCount::Static(nh as u32, rows as u32, 1),

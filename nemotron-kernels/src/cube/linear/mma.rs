@@ -45,10 +45,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 type Fp8E4m3 = cubecl::e4m3;
 
-/// Warps per cube: they split K of the cube's 16-row tile (a grid of `n / 16` cubes fills the
-/// device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with one tile
-/// per warp, 42 cubes).
+/// Warps per cube, at least: they split K of the cube's 16-row tile (a grid of `n / 16` cubes
+/// fills the device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with
+/// one tile per warp, 42 cubes). Grids of few cubes take more ([`warps`]).
 pub const WARPS: u32 = 4;
+
+/// Threads a launch aims to have resident (a quarter of an H200's 132 × 2,048): below it the loads
+/// in flight cannot cover the memory latency (FP8 4096→2688 at batch 1 is 168 cubes: 21,504
+/// threads of [`WARPS`] warps, ≈ 1.4 MB in flight).
+const TARGET_THREADS: usize = 64 * 1024;
+
+/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time: [`WARPS`],
+/// doubled (up to 16) while the grid holds fewer than [`TARGET_THREADS`] threads and every warp
+/// still has a load round of its own.
+fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
+    let mut kw = WARPS as usize;
+    while tuning().widen && kw < 16 && cubes * kw * 32 < TARGET_THREADS && 2 * kw * grp <= iters {
+        kw *= 2;
+    }
+    kw
+}
 
 /// Rows of `x` from which a plain NVFP4 or dense linear, and slot-major routing, run on the
 /// tensor cores (bf16, CUDA).
@@ -236,6 +252,60 @@ fn nvfp4_step<NX: Size>(
     }
 }
 
+/// Loads `grp` 128-input steps of rows `row0`/`row1` from step `it0` (clamped to the last
+/// chunk) with their block-scale words, for [`nvfp4_mma_kernel()`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn nvfp4_load<NW: Size>(
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    row0: usize,
+    row1: usize,
+    chunks: usize,
+    nb: usize,
+    it0: usize,
+    t: usize,
+    wa: &mut Array<Vector<u32, NW>>,
+    wb: &mut Array<Vector<u32, NW>>,
+    sa: &mut Array<u32>,
+    sb: &mut Array<u32>,
+    #[comptime] grp: usize,
+) {
+    #[unroll]
+    for q in 0..grp {
+        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+        wa[q] = packed[row0 * chunks + cc];
+        wb[q] = packed[row1 * chunks + cc];
+        let si0 = row0 * nb + cc * 2;
+        let si1 = row1 * nb + cc * 2;
+        sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
+        sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
+    }
+}
+
+/// Loads `grp` steps of 16-byte chunks of rows `row0`/`row1` from step `it0` (clamped to the
+/// last chunk), for the FP8 and dense kernels.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn chunk_load<NW: Size>(
+    w: &[Vector<u32, NW>],
+    row0: usize,
+    row1: usize,
+    chunks: usize,
+    it0: usize,
+    t: usize,
+    wa: &mut Array<Vector<u32, NW>>,
+    wb: &mut Array<Vector<u32, NW>>,
+    #[comptime] grp: usize,
+) {
+    #[unroll]
+    for q in 0..grp {
+        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+        wa[q] = w[row0 * chunks + cc];
+        wb[q] = w[row1 * chunks + cc];
+    }
+}
+
 /// Sums the warps' accumulators into warp 0's (through shared memory; `kw` warps split K).
 /// Every warp of the cube calls it (it synchronizes the cube).
 #[cube]
@@ -304,6 +374,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     #[comptime] grouped: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
+    #[comptime] pipe: bool,
 ) {
     // Plain calls run one row of cubes (`CUBE_POS_Y` is 0); grouped routed calls one row per
     // expert; slot-major routed calls one row per slot, whose expert id `members` holds.
@@ -350,21 +421,53 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
             acc[2 * j] = Vector::new(0.0f32);
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
+        let step = kw * grp;
         let mut it0 = warp * grp;
+        // `pipe`: the next step's loads are issued before this step's decode and `mma`, so the
+        // memory latency overlaps the work instead of following it.
+        let mut na = Array::<Vector<u32, NW>>::new(grp);
+        let mut nb_ = Array::<Vector<u32, NW>>::new(grp);
+        let mut nsa = Array::<u32>::new(grp);
+        let mut nsb = Array::<u32>::new(grp);
+        if pipe {
+            nvfp4_load(
+                packed, scales, row0, row1, chunks, nb, it0, t, &mut na, &mut nb_, &mut nsa,
+                &mut nsb, grp,
+            );
+        }
         while it0 < iters {
             let mut wa = Array::<Vector<u32, NW>>::new(grp);
             let mut wb = Array::<Vector<u32, NW>>::new(grp);
             let mut sa = Array::<u32>::new(grp);
             let mut sb = Array::<u32>::new(grp);
-            #[unroll]
-            for q in 0..grp {
-                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-                wa[q] = packed[row0 * chunks + cc];
-                wb[q] = packed[row1 * chunks + cc];
-                let si0 = row0 * nb + cc * 2;
-                let si1 = row1 * nb + cc * 2;
-                sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
-                sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
+            if pipe {
+                #[unroll]
+                for q in 0..grp {
+                    wa[q] = na[q];
+                    wb[q] = nb_[q];
+                    sa[q] = nsa[q];
+                    sb[q] = nsb[q];
+                }
+                nvfp4_load(
+                    packed,
+                    scales,
+                    row0,
+                    row1,
+                    chunks,
+                    nb,
+                    it0 + step,
+                    t,
+                    &mut na,
+                    &mut nb_,
+                    &mut nsa,
+                    &mut nsb,
+                    grp,
+                );
+            } else {
+                nvfp4_load(
+                    packed, scales, row0, row1, chunks, nb, it0, t, &mut wa, &mut wb, &mut sa,
+                    &mut sb, grp,
+                );
             }
             #[unroll]
             for q in 0..grp {
@@ -386,7 +489,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
                     nvfp4_step(ua, ub, ta, tb, x, &xrow, base, &mut acc, nt, 1u32);
                 }
             }
-            it0 += kw * grp;
+            it0 += step;
         }
         warp_sum(&mut acc, nt, kw);
         if warp == 0 {
@@ -487,6 +590,7 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] relu2: bool,
     #[comptime] split: bool,
     #[comptime] inq: usize,
+    #[comptime] pipe: bool,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
@@ -502,21 +606,51 @@ pub fn fp8_mma_kernel<NW: Size>(
     let iters = chunks.div_ceil(4);
     let def = MmaDefinition::<Fp8E4m3, Fp8E4m3, f32>::new(16usize, 8usize, 32usize);
     let gs = input_scales[0] * weight_scales[0];
+    let step = kw * grp;
+    // `pipe`: the next step's loads are issued before this step's `mma`s; the first step's
+    // before the in-kernel quantizing below, so that prologue runs while they are in flight.
+    let mut na = Array::<Vector<u32, NW>>::new(grp);
+    let mut nb_ = Array::<Vector<u32, NW>>::new(grp);
+    if pipe {
+        chunk_load(
+            weight,
+            row0,
+            row1,
+            chunks,
+            warp * grp,
+            t,
+            &mut na,
+            &mut nb_,
+            grp,
+        );
+    }
     // `inq > 0`: the `inq` words of E4M3 codes of the (few) rows are quantized by the cube itself
-    // into shared memory (no quantizing launch before this one), as `fp8_quantize_bytes_kernel`.
+    // into shared memory (no quantizing launch before this one), as `fp8_quantize_bytes_kernel`;
+    // every load of the prologue is issued before any is used.
     let mut sq = Shared::<[u32]>::new_slice(comptime!(inq.max(1)));
     if inq > 0 {
-        let mut i = warp * 32 + lane;
-        while i < inq {
+        let per = comptime!(inq.div_ceil(32 * kw));
+        let mut xs = Array::<f32>::new(comptime!(per * 4));
+        #[unroll]
+        for r in 0..per {
+            let i = (warp * 32 + lane + r * 32 * kw).min(inq - 1);
+            #[unroll]
+            for j in 0..4usize {
+                xs[r * 4 + j] = f32::cast_from(xb[i * 4 + j]);
+            }
+        }
+        #[unroll]
+        for r in 0..per {
+            let i = warp * 32 + lane + r * 32 * kw;
             let mut word = 0u32;
             #[unroll]
             for j in 0..4usize {
-                let v =
-                    (f32::cast_from(xb[i * 4 + j]) / input_scales[0]).clamp(-448.0f32, 448.0f32);
+                let v = (xs[r * 4 + j] / input_scales[0]).clamp(-448.0f32, 448.0f32);
                 word |= e4m3_byte(e4m3_round(v)) << ((8 * j) as u32);
             }
-            sq[i] = word;
-            i += 32 * kw;
+            if i < inq {
+                sq[i] = word;
+            }
         }
         sync_cube();
     }
@@ -531,14 +665,31 @@ pub fn fp8_mma_kernel<NW: Size>(
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
         let mut it0 = warp * grp;
+        if pipe && pass > 0 {
+            chunk_load(weight, row0, row1, chunks, it0, t, &mut na, &mut nb_, grp);
+        }
         while it0 < iters {
             let mut wa = Array::<Vector<u32, NW>>::new(grp);
             let mut wb = Array::<Vector<u32, NW>>::new(grp);
-            #[unroll]
-            for q in 0..grp {
-                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-                wa[q] = weight[row0 * chunks + cc];
-                wb[q] = weight[row1 * chunks + cc];
+            if pipe {
+                #[unroll]
+                for q in 0..grp {
+                    wa[q] = na[q];
+                    wb[q] = nb_[q];
+                }
+                chunk_load(
+                    weight,
+                    row0,
+                    row1,
+                    chunks,
+                    it0 + step,
+                    t,
+                    &mut na,
+                    &mut nb_,
+                    grp,
+                );
+            } else {
+                chunk_load(weight, row0, row1, chunks, it0, t, &mut wa, &mut wb, grp);
             }
             #[unroll]
             for q in 0..grp {
@@ -575,7 +726,7 @@ pub fn fp8_mma_kernel<NW: Size>(
                     }
                 }
             }
-            it0 += kw * grp;
+            it0 += step;
         }
         warp_sum(&mut acc, nt, kw);
         if warp == 0 {
@@ -626,6 +777,7 @@ pub fn dense_mma_kernel<NW: Size>(
     #[comptime] nt: usize,
     #[comptime] kw: usize,
     #[comptime] grp: usize,
+    #[comptime] pipe: bool,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
@@ -650,15 +802,26 @@ pub fn dense_mma_kernel<NW: Size>(
             acc[2 * j] = Vector::new(0.0f32);
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
+        let step = kw * grp;
         let mut it0 = warp * grp;
+        // `pipe`: the next step's loads are issued before this step's `mma`s.
+        let mut na = Array::<Vector<u32, NW>>::new(grp);
+        let mut nb_ = Array::<Vector<u32, NW>>::new(grp);
+        if pipe {
+            chunk_load(w, row0, row1, chunks, it0, t, &mut na, &mut nb_, grp);
+        }
         while it0 < iters {
             let mut wa = Array::<Vector<u32, NW>>::new(grp);
             let mut wb = Array::<Vector<u32, NW>>::new(grp);
-            #[unroll]
-            for q in 0..grp {
-                let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-                wa[q] = w[row0 * chunks + cc];
-                wb[q] = w[row1 * chunks + cc];
+            if pipe {
+                #[unroll]
+                for q in 0..grp {
+                    wa[q] = na[q];
+                    wb[q] = nb_[q];
+                }
+                chunk_load(w, row0, row1, chunks, it0 + step, t, &mut na, &mut nb_, grp);
+            } else {
+                chunk_load(w, row0, row1, chunks, it0, t, &mut wa, &mut wb, grp);
             }
             #[unroll]
             for q in 0..grp {
@@ -689,7 +852,7 @@ pub fn dense_mma_kernel<NW: Size>(
                     }
                 }
             }
-            it0 += kw * grp;
+            it0 += step;
         }
         warp_sum(&mut acc, nt, kw);
         if warp == 0 {
@@ -726,8 +889,61 @@ fn grid(n: usize, experts: usize) -> CubeCount {
     CubeCount::Static(n.div_ceil(16) as u32, experts as u32, 1)
 }
 
-/// 128/64/32-input steps (NVFP4/FP8/dense) a warp loads before it computes.
-const GROUP: usize = 2;
+/// 128/64/32-input steps (NVFP4/FP8/dense) a warp loads before it computes (the default of
+/// [`MmaTuning::group`]).
+pub const GROUP: usize = 2;
+
+/// How the tensor-core kernels stream their weights: `group` steps per load round (1, 2, 4 or
+/// 8), and whether the next round's loads are issued before the current round's work
+/// (`pipe`; software pipelining, two rounds in flight per warp).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MmaTuning {
+    pub group: usize,
+    pub pipe: bool,
+    /// Small grids take more warps per cube ([`warps`]); off: always [`WARPS`].
+    pub widen: bool,
+}
+
+impl Default for MmaTuning {
+    fn default() -> Self {
+        MmaTuning {
+            group: GROUP,
+            pipe: PIPE,
+            widen: true,
+        }
+    }
+}
+
+/// The default of [`MmaTuning::pipe`].
+pub const PIPE: bool = false;
+
+static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
+static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
+static TUNE_WIDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets [`MmaTuning`] (process-wide; for tests and benchmarks). A group other than 1, 2, 4 or
+/// 8 is refused by name.
+pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
+    if ![1, 2, 4, 8].contains(&t.group) {
+        return Err(format!(
+            "tensor-core load group {}: expected 1, 2, 4 or 8",
+            t.group
+        ));
+    }
+    TUNE_GROUP.store(t.group, Ordering::Relaxed);
+    TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
+    TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The current [`MmaTuning`].
+pub fn tuning() -> MmaTuning {
+    MmaTuning {
+        group: TUNE_GROUP.load(Ordering::Relaxed),
+        pipe: TUNE_PIPE.load(Ordering::Relaxed),
+        widen: TUNE_WIDEN.load(Ordering::Relaxed),
+    }
+}
 
 /// The tensor-core launch of an NVFP4 call, where it applies (bf16, `k % 32 == 0`, CUDA `mma`,
 /// enough rows or slots): `None` otherwise.
@@ -777,6 +993,11 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         // Unread stand-ins.
         (c.x.clone(), c.x.clone(), 1, tiles(c.slots))
     };
+    let kw = warps(
+        c.n.div_ceil(16) * experts,
+        (c.k / 32).div_ceil(4),
+        tuning().group,
+    );
     // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors; tokens
     // and rows past the ends are clamped and never written; members are slots `< pairs` written by
     // the grouping kernel (so `s / div` is a row of `x`), or (slot-major) the routing's expert ids
@@ -785,7 +1006,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         nvfp4_mma_kernel::launch_unchecked::<R>(
             client,
             grid(c.n, experts),
-            CubeDim::new_2d(32, WARPS),
+            CubeDim::new_2d(32, kw as u32),
             8,
             4,
             arg(&c.x),
@@ -805,12 +1026,13 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.slots as u32,
             c.div as u32,
             nt,
-            WARPS as usize,
-            GROUP,
+            kw,
+            tuning().group,
             c.routed,
             grouped,
             c.relu2,
             c.split.is_some(),
+            tuning().pipe,
         )
     };
     Some(c.y.clone())
@@ -859,13 +1081,14 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
         );
         xq
     };
+    let kw = warps(c.n.div_ceil(16), (c.k / 16).div_ceil(4), tuning().group);
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors; tokens and rows
     // past the ends are clamped and never written.
     unsafe {
         fp8_mma_kernel::launch_unchecked::<R>(
             client,
             grid(c.n, 1),
-            CubeDim::new_2d(32, WARPS),
+            CubeDim::new_2d(32, kw as u32),
             4,
             arg(&xq),
             arg(&c.x),
@@ -881,11 +1104,12 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             c.n as u32,
             c.slots as u32,
             tiles(c.slots),
-            WARPS as usize,
-            GROUP,
+            kw,
+            tuning().group,
             c.relu2,
             c.split.is_some(),
             inq,
+            tuning().pipe,
         )
     };
     true
@@ -908,6 +1132,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
     let x = super::super::buffers::contiguous_as(x.clone(), DType::BF16);
     let w = super::super::buffers::contiguous_as(w.clone(), DType::BF16);
     let y = empty(&x, [m, n], DType::BF16);
+    let kw = warps(n.div_ceil(16), (k / 8).div_ceil(4), tuning().group);
     // Safety: both buffers are contiguous bf16 of `m · k` and `n · k` values, read as `· / 2` u32
     // words in 16-byte vectors (`k % 8 == 0`); tokens and rows past the ends are clamped and never
     // written.
@@ -915,7 +1140,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
         dense_mma_kernel::launch_unchecked::<R>(
             &x.client,
             grid(n, 1),
-            CubeDim::new_2d(32, WARPS),
+            CubeDim::new_2d(32, kw as u32),
             4,
             handle_arg(&x.handle, m * k / 2),
             handle_arg(&w.handle, n * k / 2),
@@ -924,8 +1149,9 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
             n as u32,
             m as u32,
             tiles(m),
-            WARPS as usize,
-            GROUP,
+            kw,
+            tuning().group,
+            tuning().pipe,
         )
     };
     Some(y)

@@ -132,6 +132,7 @@ pub fn ssm_step_kernel<F: Float>(
     dt_floor: f32,
     #[comptime] units: usize,
     #[comptime] plane: bool,
+    #[comptime] per: usize,
 ) {
     let (h, p, g, n) = (
         heads as usize,
@@ -157,12 +158,39 @@ pub fn ssm_step_kernel<F: Float>(
         let row = ((slot as usize * h + hh) * p + pp) * n;
         let bb = b * width + h * p + gg * n;
         let cb = bb + g * n;
-        let mut nn = UNIT_POS_X as usize;
-        while nn < n {
-            let s = decay * pool[row + nn] + dtv * xv * f32::cast_from(xbc[bb + nn]);
-            pool[row + nn] = s;
-            acc += s * f32::cast_from(xbc[cb + nn]);
-            nn += CUBE_DIM_X as usize;
+        if per > 0 {
+            // `n = per · lanes`: the lane's whole share of the state row, `B` and `C` loaded
+            // before any is used, the new state stored after (one memory latency, not `per`).
+            let lane = UNIT_POS_X as usize;
+            let lanes = CUBE_DIM_X as usize;
+            let mut st = Array::<f32>::new(per);
+            let mut bv = Array::<f32>::new(per);
+            let mut cv = Array::<f32>::new(per);
+            #[unroll]
+            for i in 0..per {
+                let nn = lane + i * lanes;
+                st[i] = pool[row + nn];
+                bv[i] = f32::cast_from(xbc[bb + nn]);
+                cv[i] = f32::cast_from(xbc[cb + nn]);
+            }
+            #[unroll]
+            for i in 0..per {
+                let s = decay * st[i] + dtv * xv * bv[i];
+                st[i] = s;
+                acc += s * cv[i];
+            }
+            #[unroll]
+            for i in 0..per {
+                pool[row + lane + i * lanes] = st[i];
+            }
+        } else {
+            let mut nn = UNIT_POS_X as usize;
+            while nn < n {
+                let s = decay * pool[row + nn] + dtv * xv * f32::cast_from(xbc[bb + nn]);
+                pool[row + nn] = s;
+                acc += s * f32::cast_from(xbc[cb + nn]);
+                nn += CUBE_DIM_X as usize;
+            }
         }
     }
     let total = lane_sum(acc, units, plane);
@@ -206,6 +234,13 @@ pub fn ssm_launch<R: CubeRuntime>(
     let slots = i32_buf(slots);
     let y = empty(&xbc, [rows, h, p], dtype);
     let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, h as u32, rows as u32);
+    // A lane's share of a state row held in registers where it divides evenly (up to 8 values:
+    // `n` ≤ 256); otherwise the strided loop.
+    let per = if n % SSM_LANES as usize == 0 && n / (SSM_LANES as usize) <= 8 {
+        n / SSM_LANES as usize
+    } else {
+        0
+    };
     // No floor: one below any softplus value (softplus > 0).
     let floor = dt_min.unwrap_or(-1.0);
     macro_rules! go {
@@ -229,6 +264,7 @@ pub fn ssm_launch<R: CubeRuntime>(
                 floor,
                 (SSM_LANES * SSM_ROWS) as usize,
                 plane_reduce(&xbc.client, SSM_LANES),
+                per,
             )
         };
     }

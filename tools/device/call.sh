@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call's steps, run on the GPU machine from the repository root (see tools/README.md):
+#   tools/device/call.sh STEP...   with STEP one of
+#   unpack       unpack .device/ (tools/device/pack.sh) and link the build-time checkout path
+#   synth        write the full-size Lightning checkpoint (lightning-mixed) to /tmp/lt
+#   synth-bg     the same in the background (waited for by the first step that needs /tmp/lt)
+#   tests        every CUDA test binary with --ignored
+#   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
+#   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
+#   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
+#   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
+#                tensor-core, attention, SSM and norm kernels
+# Logs go to $OUT (at most 8 files come back: one per step kind).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+B=.device/release
+LT=/tmp/lt
+wait_lt() { if [ -n "${SYNTH_PID:-}" ]; then wait "$SYNTH_PID"; SYNTH_PID=; fi; }
+run() { # log-file command...
+  local log=$1; shift
+  echo "### $*" | tee -a "$OUT/$log"
+  local t0=$SECONDS
+  "$@" >>"$OUT/$log" 2>&1
+  local rc=$?
+  echo "### rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/$log"
+  tail -n 4 "$OUT/$log"
+}
+bench() { wait_lt; run "$@"; }
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    unpack) bash tools/device/unpack.sh ;;
+    synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed ;;
+    synth-bg)
+      ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed >"$OUT/synth.log" 2>&1 ) &
+      SYNTH_PID=$! ;;
+    tests)
+      for t in ops engine slots decode_graph device_parity; do
+        run tests.log $B/deps/$t --ignored --test-threads 1
+      done
+      grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
+    b1) bench engine_b1.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 1 --no-hf --mma-min "$1"
+        shift ;;
+    bN) bench engine_bN.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 128 --batch 16,64 --decode 64 --repeats 1 --no-hf --mma-min "$1"
+        shift ;;
+    ncu) bench ncu_b1.csv timeout 300 /usr/local/cuda/bin/ncu --profile-from-start off \
+          --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
+          --step-kernels --engine --batch 1 --mma-min "$1"
+        xz -f "$OUT/ncu_b1.csv"; shift ;;
+    ncud) bench ncu_detail.txt timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
+          --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
+          --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section ComputeWorkloadAnalysis \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
+          --step-kernels --engine --batch 1 --mma-min "$1"
+        xz -f "$OUT/ncu_detail.txt"; shift ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+wait

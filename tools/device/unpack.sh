@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the repository root: unpacks .device/release/ and makes the build-time
+# CARGO_MANIFEST_DIR (the checkout's path where the binaries were built) resolve here.
+set -euo pipefail
+for f in .device/release/deps/*.xz .device/release/examples/*.xz; do xz -d -k -f "$f"; done
+chmod +x .device/release/deps/* .device/release/examples/*
+P=${BUILD_ROOT:-/work/main}
+[ "$(realpath -m "$P")" = "$PWD" ] || { mkdir -p "$(dirname "$P")" && ln -sfn "$PWD" "$P"; }
