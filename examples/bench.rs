@@ -141,7 +141,8 @@ fn main() {
 /// `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped` (rows or slots; `max` for off), `inq` (FP8
 /// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
 /// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
-/// `widen=on|off` (small tensor-core grids take up to 16 warps per cube).
+/// `widen=on|off` (small tensor-core grids take up to 16 warps per cube), `threads=N` (the
+/// threads a widened grid aims for).
 fn apply_setting(t: &str) -> Res<()> {
     use nemotron::kernels::cube::attention::decode::{set_form, AttnForm};
     let num = |v: &str| -> Res<usize> {
@@ -182,6 +183,7 @@ fn apply_setting(t: &str) -> Res<()> {
                 "grouped" => m.grouped = num(v)?,
                 "inq" => inq = num(v)?,
                 "grp" => tune.group = num(v)?,
+                "threads" => tune.threads = num(v)?,
                 "widen" => {
                     tune.widen = match v {
                         "on" => true,

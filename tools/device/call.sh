@@ -5,6 +5,8 @@
 #   synth        write the full-size Lightning checkpoint (lightning-mixed) to /tmp/lt
 #   synth-bg     the same in the background (waited for by the first step that needs /tmp/lt)
 #   tests        every CUDA test binary with --ignored
+#   tests-ops F  the ops tests whose names contain one of the comma-separated F, then the other
+#                CUDA test binaries whole
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
@@ -37,6 +39,13 @@ while [ $# -gt 0 ]; do
       SYNTH_PID=$! ;;
     tests)
       for t in ops engine slots decode_graph device_parity; do
+        run tests.log $B/deps/$t --ignored --test-threads 1
+      done
+      grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
+    tests-ops)
+      IFS=, read -r -a filt <<<"$1"; shift
+      run tests.log $B/deps/ops --ignored --test-threads 1 "${filt[@]}"
+      for t in engine slots decode_graph device_parity; do
         run tests.log $B/deps/$t --ignored --test-threads 1
       done
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;

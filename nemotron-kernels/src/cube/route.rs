@@ -5,12 +5,14 @@
 //!
 //! Grid: one cube per token, [`units`] units. Each unit scores its strided share of the experts
 //! into shared memory once; each of the `k` passes is a local arg-max per unit and a tree arg-max
-//! through shared memory (lower index on ties, so the order equals a serial scan: deterministic).
+//! through shared memory (lower index on ties, so the order equals a serial scan: deterministic),
+//! or on devices with 32-lane planes (CUDA) a warp-shuffle arg-max and one pass over the warps'
+//! winners (same order).
 //! The serial one-unit-per-token kernel this replaces took 259 µs per call at 128 experts, top 6
 //! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k]`.
 
 use super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, float_buf, with_float, yz};
-use super::reduce::argmax_tree;
+use super::reduce::{argmax_tree, better, plane_reduce};
 use crate::{Maybe, RouteConfig};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -35,6 +37,7 @@ pub fn moe_route_kernel(
     #[comptime] units: usize,
     #[comptime] renorm: bool,
     #[comptime] biased_weights: bool,
+    #[comptime] plane: bool,
 ) {
     let t = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
     // Whole cubes leave together (every unit of a cube shares `t`), so the barriers stay uniform.
@@ -113,6 +116,14 @@ pub fn moe_route_kernel(
         sync_cube();
     }
 
+    // `plane`: each pass reduces by warp shuffles, then over the warps' winners (one barrier per
+    // pass instead of a tree's log2(units)); the pass's slots of `pv`/`pi` are its own, so no
+    // second barrier guards them.
+    let warps = comptime!(units / 32);
+    let mut pv =
+        Shared::<[f32]>::new_slice(comptime!(if plane { experts * units / 32 } else { 1 }));
+    let mut pi =
+        Shared::<[u32]>::new_slice(comptime!(if plane { experts * units / 32 } else { 1 }));
     for j in 0..k {
         let mut bi = none;
         let mut bv = 0.0f32;
@@ -125,17 +136,54 @@ pub fn moe_route_kernel(
             }
             e += units;
         }
-        val[u] = bv;
-        ix[u] = bi;
-        sync_cube();
-        argmax_tree(&mut val, &mut ix, none);
-        if u == 0 {
-            let b = ix[0] as usize;
-            idx[t * k + j] = b as i32;
-            taken[b] = 1u32;
-            wk[j] = if biased_weights { val[0] } else { score[b] };
+        if plane {
+            #[unroll]
+            for sh in 0..5u32 {
+                let mask = 16u32 >> sh;
+                let ov = plane_shuffle_xor(bv, mask);
+                let oi = plane_shuffle_xor(bi, mask);
+                if better(ov, oi, bv, bi, none) {
+                    bv = ov;
+                    bi = oi;
+                }
+            }
+            if u % 32 == 0 {
+                pv[j * warps + u / 32] = bv;
+                pi[j * warps + u / 32] = bi;
+            }
+            sync_cube();
+            let mut wv = pv[j * warps];
+            let mut wi = pi[j * warps];
+            #[unroll]
+            for ww in 1..warps {
+                let (ov, oi) = (pv[j * warps + ww], pi[j * warps + ww]);
+                if better(ov, oi, wv, wi, none) {
+                    wv = ov;
+                    wi = oi;
+                }
+            }
+            let b = wi as usize;
+            // Only the owner of an expert reads its `taken` entry: it marks it itself.
+            if b % units == u {
+                taken[b] = 1u32;
+            }
+            if u == 0 {
+                idx[t * k + j] = b as i32;
+                wk[j] = if biased_weights { wv } else { score[b] };
+            }
+        } else {
+            val[u] = bv;
+            ix[u] = bi;
+            sync_cube();
+            argmax_tree(&mut val, &mut ix, none);
+            if u == 0 {
+                let b = ix[0] as usize;
+                idx[t * k + j] = b as i32;
+                taken[b] = 1u32;
+                wk[j] = if biased_weights { val[0] } else { score[b] };
+            }
+            sync_cube();
         }
-        sync_cube();
     }
 
     if u == 0 {
@@ -192,6 +240,7 @@ pub fn launch<R: CubeRuntime>(
         u,
         c.norm_topk_prob,
         c.weights_from_biased,
+        plane_reduce(&lg.client, 32) && u % 32 == 0,
     );
     (idx, w)
 }

@@ -346,11 +346,13 @@ pub fn mma_linears_match(arm: &Arm) {
             group: 4,
             pipe: true,
             widen: true,
+            threads: mma::TARGET_THREADS,
         });
         tunings.push(mma::MmaTuning {
             group: 1,
             pipe: true,
             widen: false,
+            threads: mma::TARGET_THREADS,
         });
     }
     for t in tunings {

@@ -50,17 +50,19 @@ type Fp8E4m3 = cubecl::e4m3;
 /// one tile per warp, 42 cubes). Grids of few cubes take more ([`warps`]).
 pub const WARPS: u32 = 4;
 
-/// Threads a launch aims to have resident (a quarter of an H200's 132 × 2,048): below it the loads
-/// in flight cannot cover the memory latency (FP8 4096→2688 at batch 1 is 168 cubes: 21,504
-/// threads of [`WARPS`] warps, ≈ 1.4 MB in flight).
-const TARGET_THREADS: usize = 64 * 1024;
+/// Threads a launch aims to have resident (the default of [`MmaTuning::threads`]; a quarter of
+/// an H200's 132 × 2,048): below it the loads in flight cannot cover the memory latency (FP8
+/// 4096→2688 at batch 1 is 168 cubes: 21,504 threads of [`WARPS`] warps, ≈ 1.4 MB in flight;
+/// 16 warps per cube took the batch-1 Lightning step from 2.99 to 2.80 ms on the H200).
+pub const TARGET_THREADS: usize = 64 * 1024;
 
 /// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time: [`WARPS`],
-/// doubled (up to 16) while the grid holds fewer than [`TARGET_THREADS`] threads and every warp
-/// still has a load round of its own.
+/// doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
+/// warp still has a load round of its own.
 fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
+    let t = tuning();
     let mut kw = WARPS as usize;
-    while tuning().widen && kw < 16 && cubes * kw * 32 < TARGET_THREADS && 2 * kw * grp <= iters {
+    while t.widen && kw < 16 && cubes * kw * 32 < t.threads && 2 * kw * grp <= iters {
         kw *= 2;
     }
     kw
@@ -148,8 +150,11 @@ pub fn set_mma_min(rows: usize, slots: usize) {
 }
 
 /// Rows of `x` up to which the FP8 tensor-core kernel quantizes them itself, in every cube
-/// ([`set_fp8_inq_max`]); more rows are quantized by one launch before it.
-pub const FP8_INQ_MAX_ROWS: usize = 0;
+/// ([`set_fp8_inq_max`]); more rows are quantized by one launch before it. One: at batch 1 the
+/// whole Lightning step measured the same either way on the H200 (2.73 against 2.72 ms after a
+/// 1K prompt, 2.76 against 2.78 after 8K; `docs/PERF.md` §12), and in-kernel quantizing takes
+/// 46 launches fewer per token.
+pub const FP8_INQ_MAX_ROWS: usize = 1;
 
 static INQ_MAX_ROWS: AtomicUsize = AtomicUsize::new(FP8_INQ_MAX_ROWS);
 
@@ -902,6 +907,8 @@ pub struct MmaTuning {
     pub pipe: bool,
     /// Small grids take more warps per cube ([`warps`]); off: always [`WARPS`].
     pub widen: bool,
+    /// The threads a widened grid aims for.
+    pub threads: usize,
 }
 
 impl Default for MmaTuning {
@@ -910,6 +917,7 @@ impl Default for MmaTuning {
             group: GROUP,
             pipe: PIPE,
             widen: true,
+            threads: TARGET_THREADS,
         }
     }
 }
@@ -920,6 +928,7 @@ pub const PIPE: bool = false;
 static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
 static TUNE_WIDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks). A group other than 1, 2, 4 or
 /// 8 is refused by name.
@@ -933,6 +942,7 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
     TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
     TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
+    TUNE_THREADS.store(t.threads, Ordering::Relaxed);
     Ok(())
 }
 
@@ -942,6 +952,7 @@ pub fn tuning() -> MmaTuning {
         group: TUNE_GROUP.load(Ordering::Relaxed),
         pipe: TUNE_PIPE.load(Ordering::Relaxed),
         widen: TUNE_WIDEN.load(Ordering::Relaxed),
+        threads: TUNE_THREADS.load(Ordering::Relaxed),
     }
 }
 
