@@ -7,6 +7,12 @@
 use crate::error::{LoadError, Result};
 use serde_json::{Map, Value};
 
+/// The largest integer a config field may hold (2^26: 512× the released vocabularies, 64× their
+/// context). Every size the plan derives is a product of at most two such fields times small
+/// counts, so no derived size overflows; the fuzz test found `n_shared_experts ×
+/// moe_shared_expert_intermediate_size` and `num_heads × head_dim` overflowing without it.
+pub const MAX_CONFIG_INT: u64 = 1 << 26;
+
 /// The mixer of one layer, by its pattern letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LayerKind {
@@ -316,7 +322,13 @@ impl NemotronHConfig {
             let n_group = f.pos("n_group")?;
             let topk_group = f.pos("topk_group")?;
             let shared_intermediate_size = if n_shared_experts > 0 {
-                n_shared_experts * f.pos("moe_shared_expert_intermediate_size")?
+                let per = f.pos("moe_shared_expert_intermediate_size")?;
+                n_shared_experts.checked_mul(per).ok_or_else(|| {
+                    LoadError::config(
+                        "moe_shared_expert_intermediate_size",
+                        format!("{per} × n_shared_experts {n_shared_experts} overflows"),
+                    )
+                })?
             } else {
                 0
             };
@@ -565,9 +577,16 @@ impl Fields<'_> {
     fn opt_usize(&self, k: &str) -> Result<Option<usize>> {
         self.get(k)
             .map(|v| {
-                v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                let x = v.as_u64().ok_or_else(|| {
                     LoadError::config(k, format!("expected a non-negative integer, got {v}"))
-                })
+                })?;
+                if x > MAX_CONFIG_INT {
+                    return Err(LoadError::config(
+                        k,
+                        format!("{x} exceeds {MAX_CONFIG_INT}, the largest size this loader takes"),
+                    ));
+                }
+                Ok(x as usize)
             })
             .transpose()
     }

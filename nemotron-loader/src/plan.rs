@@ -212,7 +212,11 @@ impl Plan {
         let mut c = PlanCounts::default();
         for s in self.specs.iter().filter(|s| !s.optional || ships(s)) {
             c.tensors_total += 1;
-            c.bytes += (s.shape.iter().product::<usize>() * s.write_dtype.size()) as u64;
+            let bytes = s
+                .shape
+                .iter()
+                .try_fold(s.write_dtype.size() as u64, |a, &d| a.checked_mul(d as u64));
+            c.bytes = c.bytes.saturating_add(bytes.unwrap_or(u64::MAX));
             if s.deferred {
                 c.deferred += 1;
                 continue;

@@ -288,8 +288,8 @@ fn shard_error(path: &Path, buf: &[u8], e: safetensors::SafeTensorError) -> Load
 
 /// Finds the first header entry whose byte range disagrees with its dtype and shape.
 fn diagnose_header(buf: &[u8]) -> Option<String> {
-    let n = u64::from_le_bytes(buf.get(..8)?.try_into().ok()?) as usize;
-    let v: Value = serde_json::from_slice(buf.get(8..8 + n)?).ok()?;
+    let n = usize::try_from(u64::from_le_bytes(buf.get(..8)?.try_into().ok()?)).ok()?;
+    let v: Value = serde_json::from_slice(buf.get(8..8usize.checked_add(n)?)?).ok()?;
     for (name, info) in v.as_object()? {
         if name == "__metadata__" {
             continue;
@@ -308,13 +308,25 @@ fn diagnose_header(buf: &[u8]) -> Option<String> {
             .filter_map(Value::as_u64)
             .collect();
         let size = DType::from_name(dtype).map(|d| d.size() as u64)?;
-        let want = shape.iter().product::<u64>() * size;
-        if off.len() == 2 && off[1].saturating_sub(off[0]) != want {
-            return Some(format!(
-                "tensor `{name}`: data_offsets {:?} span {} bytes but {dtype} {shape:?} needs {want}",
-                off,
-                off[1].saturating_sub(off[0])
-            ));
+        // A claimed shape can overflow u64 (the fuzz test found it): say so instead of wrapping.
+        let want = shape.iter().try_fold(size, |a, &d| a.checked_mul(d));
+        let span = if off.len() == 2 {
+            off[1].saturating_sub(off[0])
+        } else {
+            continue;
+        };
+        match want {
+            None => {
+                return Some(format!(
+                    "tensor `{name}`: {dtype} {shape:?} claims more than 2^64 bytes"
+                ))
+            }
+            Some(want) if span != want => {
+                return Some(format!(
+                    "tensor `{name}`: data_offsets {off:?} span {span} bytes but {dtype} {shape:?} needs {want}"
+                ))
+            }
+            Some(_) => {}
         }
     }
     Some("tensor data offsets overlap or leave gaps".into())

@@ -418,22 +418,37 @@ fn eps_falls_back_to_norm_eps_then_rms_norm_eps() {
 /// grow with the claim (the plan enumerates every claimed expert; before the check it ran for
 /// minutes and gigabytes).
 #[test]
-fn a_billion_experts_are_refused_before_the_plan() {
+fn a_million_experts_are_refused_before_the_plan() {
     let ck = Ck::new(LM, SHARD);
     ck.edit_json("config.json", |v| {
-        v["n_routed_experts"] = json!(1_000_000_000u64)
+        v["n_routed_experts"] = json!(1_000_000u64)
     });
     let t0 = std::time::Instant::now();
     let msg = ck.refused();
     mentions(
         &msg,
-        &["n_routed_experts", "1000000000", "the checkpoint holds"],
+        &["n_routed_experts", "1000000", "the checkpoint holds"],
     );
     assert!(
         t0.elapsed() < std::time::Duration::from_secs(2),
         "refusing took {:?}",
         t0.elapsed()
     );
+}
+
+/// Sizes past the loader's bound are refused by name before anything derives from them (the
+/// fuzz test found products of such fields overflowing).
+#[test]
+fn config_sizes_past_the_bound_are_refused() {
+    for (field, v) in [
+        ("n_routed_experts", 1_000_000_000u64),
+        ("hidden_size", 1 << 40),
+        ("moe_shared_expert_intermediate_size", u64::MAX),
+    ] {
+        let ck = Ck::new(LM, SHARD);
+        ck.edit_json("config.json", |c| c[field] = json!(v));
+        mentions(&ck.refused(), &[field, &v.to_string(), "exceeds"]);
+    }
 }
 
 #[test]
