@@ -331,7 +331,13 @@ fn mutated_checkpoints_are_refused_or_loaded_never_a_panic() {
     let hook = std::panic::take_hook();
     // The panic's location, for the report (the message alone rarely says where).
     static WHERE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+    // Panics of the harness itself (outside a load) are printed as usual.
+    static IN_LOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     std::panic::set_hook(Box::new(|info| {
+        if !IN_LOAD.load(std::sync::atomic::Ordering::Relaxed) {
+            eprintln!("fuzz harness panic: {info}");
+            return;
+        }
         if let (Some(l), Ok(mut w)) = (info.location(), WHERE.lock()) {
             // The first frame in this project's code, where the panic sits in the library's.
             let bt = std::backtrace::Backtrace::force_capture().to_string();
@@ -358,7 +364,9 @@ fn mutated_checkpoints_are_refused_or_loaded_never_a_panic() {
             mutate(&mut r, &work);
         }
         let t = Instant::now();
+        IN_LOAD.store(true, std::sync::atomic::Ordering::Relaxed);
         let res = std::panic::catch_unwind(|| Checkpoint::load(&work).map(|_| ()));
+        IN_LOAD.store(false, std::sync::atomic::Ordering::Relaxed);
         let took = t.elapsed();
         runs += 1;
         let what = format!("seed dir {src:?}, rng state {state:#x}, {n} mutations");
