@@ -94,17 +94,20 @@ fn mutate_header(r: &mut Rng, bytes: &[u8]) -> Option<Vec<u8>> {
     let name = r.pick(&names).clone();
     let mut duplicate = None;
     match r.below(9) {
-        0 => obj[&name]["data_offsets"][r.below(2)] = hostile_number(r),
+        0 => {
+            let i = r.below(2);
+            *obj.get_mut(&name)?.get_mut("data_offsets")?.get_mut(i)? = hostile_number(r)
+        }
         1 => {
-            let o = obj[&name]["data_offsets"].clone();
-            obj[&name]["data_offsets"] = json!([o[1], o[0]]);
+            let o = obj.get(&name)?.get("data_offsets")?.clone();
+            *obj.get_mut(&name)?.get_mut("data_offsets")? = json!([o[1], o[0]]);
         }
         2 => {
-            obj[&name]["dtype"] =
+            *obj.get_mut(&name)?.get_mut("dtype")? =
                 json!(r.pick(&["F8_E4M3", "U8", "BF16", "F32", "F16", "I64", "F4", "bogus", ""]))
         }
         3 => {
-            let shape = obj[&name]["shape"].as_array_mut()?;
+            let shape = obj.get_mut(&name)?.get_mut("shape")?.as_array_mut()?;
             if shape.is_empty() {
                 shape.push(hostile_number(r));
             } else {
@@ -113,7 +116,7 @@ fn mutate_header(r: &mut Rng, bytes: &[u8]) -> Option<Vec<u8>> {
             }
         }
         4 => {
-            let shape = obj[&name]["shape"].as_array_mut()?;
+            let shape = obj.get_mut(&name)?.get_mut("shape")?.as_array_mut()?;
             match r.below(3) {
                 0 => shape.push(json!(1)),
                 1 => {
@@ -128,7 +131,7 @@ fn mutate_header(r: &mut Rng, bytes: &[u8]) -> Option<Vec<u8>> {
         6 => duplicate = Some(name.clone()),
         7 => {
             let other = r.pick(&names).clone();
-            let v = obj[&other].clone();
+            let v = obj.get(&other)?.clone();
             obj.insert(name.clone(), v);
         }
         _ => {
