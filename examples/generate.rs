@@ -1,13 +1,15 @@
 //! Text generation with NemotronH.
 //!
 //! `cargo run --release --example generate` — no arguments: writes a tiny synthetic checkpoint
-//! (random weights, no tokenizer) to a temporary directory and prints generated token ids.
+//! (random weights, a byte tokenizer and a chat template) to a temporary directory and prints
+//! generated token ids; with `--prompt TEXT [--chat]` it generates (random) text from it.
 //!
 //! `cargo run --release --example generate -- --model DIR --prompt "Why is the sky blue?" --chat
 //!  [--system TEXT] [--reasoning on|off] [--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0.05
 //!  --repetition-penalty 1.1 --seed 1] [--max-new-tokens 256] [--backend flex] [--dtype f32]`
 //!
-//! DIR is a Hugging Face checkpoint directory (`config.json`, safetensors, `tokenizer.json`,
+//! DIR is a Hugging Face checkpoint directory or a Hub id (`nvidia/…`, resolved through the
+//! Hugging Face cache, downloading what is missing unless `HF_HUB_OFFLINE=1`; `--revision R`), (`config.json`, safetensors, `tokenizer.json`,
 //! `tokenizer_config.json` with `chat_template`, `generation_config.json`). Output streams to stdout;
 //! a progress bar (stderr) shows the load and long prefills when stdout is a terminal. Sampling
 //! flags default to `generation_config.json` (greedy when it does not sample); temperature 0 is
@@ -16,7 +18,7 @@
 use burn::tensor::Device;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
+use nemotron::synth_text::write_tiny_text_checkpoint;
 use nemotron::{dtype_name, BackendKind, DType, Error, GenerateOptions, NemotronH, TextModel};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -25,9 +27,12 @@ use std::time::Instant;
 #[derive(Parser)]
 #[command(about = "Generate text (or token ids) with NemotronH")]
 struct Args {
-    /// Checkpoint directory; omit to use a tiny synthetic model (token ids only).
+    /// Checkpoint directory or Hub id; omit to use a tiny synthetic model.
     #[arg(long)]
-    model: Option<PathBuf>,
+    model: Option<String>,
+    /// Hub revision (branch, tag or commit) for a Hub id.
+    #[arg(long)]
+    revision: Option<String>,
     /// Text prompt (needs tokenizer.json).
     #[arg(long)]
     prompt: Option<String>,
@@ -113,9 +118,23 @@ fn run_on(a: Args, dev: &Device, dtype: DType) -> Result<(), Error> {
             )))
         }
     };
-    let Some(dir) = a.model.clone() else {
-        return run_synthetic(&a, dev, dtype);
+    let (dir, _keep): (PathBuf, _) = match &a.model {
+        Some(m) => (nemotron::hub::resolve_model(m, a.revision.as_deref())?, None),
+        None => {
+            let t = tempfile::tempdir().map_err(|e| Error::Unavailable(format!("temp dir: {e}")))?;
+            write_tiny_text_checkpoint(t.path(), 1)?;
+            eprintln!("no --model: a tiny synthetic Lightning-style checkpoint (random weights, byte tokenizer) in {}", t.path().display());
+            (t.path().to_path_buf(), Some(t))
+        }
     };
+    if a.model.is_none() && a.prompt.is_none() {
+        if a.system.is_some() || reasoning.is_some() || a.chat {
+            return Err(Error::Unavailable("--chat, --system and --reasoning need --prompt".into()));
+        }
+        let m = NemotronH::load_as(&dir, dev, dtype.burn())?;
+        announce(&m, &a.backend);
+        return generate_ids(&m, &a);
+    }
     if a.prompt.is_none() {
         if a.prompt_ids.is_empty() {
             return Err(Error::Unavailable(
@@ -203,24 +222,6 @@ fn apply_sampling(opts: &mut GenerateOptions, a: &Args) {
         s.repetition_penalty = r;
     }
     s.seed = a.seed;
-}
-
-fn run_synthetic(a: &Args, dev: &Device, dtype: DType) -> Result<(), Error> {
-    if a.prompt.is_some() || a.chat {
-        return Err(Error::Unavailable("the embedded synthetic model has no tokenizer: pass --model DIR for text, or --prompt-ids".into()));
-    }
-    let t = tempfile::tempdir().map_err(|e| Error::Unavailable(format!("temp dir: {e}")))?;
-    let opts = SynthOptions {
-        recipe: SynthRecipe::LightningMixed,
-        seed: 1,
-        max_shard_bytes: 0,
-        misalign: false,
-    };
-    write_checkpoint(t.path(), &Geometry::tiny(), &opts)?;
-    eprintln!("no --model: a tiny synthetic Lightning-style checkpoint (random weights, no tokenizer) in {}", t.path().display());
-    let m = NemotronH::load_as(t.path(), dev, dtype.burn())?;
-    announce(&m, &a.backend);
-    generate_ids(&m, a)
 }
 
 fn generate_ids(m: &NemotronH, a: &Args) -> Result<(), Error> {

@@ -51,6 +51,8 @@
 pub mod backend;
 pub mod chat;
 pub mod error;
+pub mod hub;
+pub mod synth_text;
 pub mod text;
 pub mod text_model;
 

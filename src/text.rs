@@ -5,6 +5,7 @@ use crate::error::Error;
 use std::path::{Path, PathBuf};
 
 /// A Hugging Face `tokenizer.json`.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
@@ -90,15 +91,18 @@ impl Tokenizer {
 /// text. A piece is released only when the decoded text no longer ends in an incomplete
 /// character (U+FFFD), and each piece is decoded with one token of left context so tokenizers
 /// that strip a leading space decode words correctly.
-pub struct TokenStream<'a> {
-    tok: &'a Tokenizer,
+///
+/// Generic over how the tokenizer is held (`&Tokenizer`, `Arc<Tokenizer>`), so a stream can live
+/// in a task that owns its share of it.
+pub struct TokenStream<T: std::ops::Deref<Target = Tokenizer>> {
+    tok: T,
     ids: Vec<u32>,
     prev: usize,
     cur: usize,
 }
 
-impl<'a> TokenStream<'a> {
-    pub fn new(tok: &'a Tokenizer) -> Self {
+impl<T: std::ops::Deref<Target = Tokenizer>> TokenStream<T> {
+    pub fn new(tok: T) -> Self {
         TokenStream {
             tok,
             ids: vec![],

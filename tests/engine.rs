@@ -173,3 +173,45 @@ fn wgpu_engine_memory_stays_flat() {
 fn cuda_bf16_engine_memory_stays_flat_over_10000_steps() {
     memory_stays_flat(Device::cuda(0), DType::BF16, true, 10_000);
 }
+
+/// A request cancelled mid-decode frees its slot at once: the waiting request admitted into it
+/// and the one still running decode exactly their single-sequence tokens; a cancelled waiting
+/// request never runs; neither produces an event after its cancellation.
+#[test]
+fn a_cancelled_request_frees_its_slot_for_the_next() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = load_host(dir.path());
+    let v = m.config().vocab_size;
+    let o = |n| GenerateOptions {
+        max_new_tokens: n,
+        ..Default::default()
+    };
+    let mut e = Engine::new(&m, EngineOptions::new(2, 32)).unwrap();
+    let a = e.submit(&ids(6, v, 1), o(20)).unwrap();
+    let b = e.submit(&ids(5, v, 2), o(8)).unwrap();
+    let c = e.submit(&ids(7, v, 3), o(6)).unwrap();
+    let d = e.submit(&ids(4, v, 4), o(6)).unwrap();
+    let mut got: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for _ in 0..3 {
+        for ev in e.step().unwrap() {
+            got.entry(ev.id.0).or_default().extend(ev.token);
+        }
+    }
+    assert_eq!((e.running(), e.waiting()), (2, 2));
+    assert!(e.cancel(a), "a was running");
+    assert!(e.cancel(d), "d was waiting");
+    assert!(!e.cancel(d), "d is gone already");
+    assert_eq!((e.running(), e.waiting()), (1, 1));
+    e.run(|ev| {
+        assert!(ev.id != a && ev.id != d, "an event after cancellation");
+        got.entry(ev.id.0).or_default().extend(ev.token);
+    })
+    .unwrap();
+    // Three steps: the prefill token and one decoded token per step.
+    assert_eq!(got[&a.0].len(), 4, "a decoded until it was cancelled");
+    assert!(!got.contains_key(&d.0), "a cancelled waiting request ran");
+    for (id, p, n) in [(b, ids(5, v, 2), 8), (c, ids(7, v, 3), 6)] {
+        let alone = m.generate(&p, o(n), |_| {}).unwrap();
+        assert_eq!(got[&id.0], alone.tokens, "request {id:?}");
+    }
+}

@@ -445,3 +445,32 @@ fn unknown_backend_or_dtype_is_named() {
         "{e}"
     );
 }
+
+/// The embedded default's byte tokenizer (`synth_text`): any UTF-8 text encodes to ids below the
+/// tiny vocabulary and decodes back exactly; special tokens are single ids; the chat template's
+/// reasoning switch changes the rendered prompt; the model loads with it and streams text.
+#[test]
+fn the_synthetic_byte_tokenizer_round_trips_text() {
+    use nemotron::synth_text::{write_tiny_text_checkpoint, BYTE_VOCAB, IM_END_ID};
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_text_checkpoint(dir.path(), 2).unwrap();
+    let tok = Tokenizer::from_dir(dir.path()).unwrap();
+    assert!(tok.id_bound() <= 256 && tok.id_bound() == BYTE_VOCAB, "{}", tok.id_bound());
+    for text in ["héllo, 世界 🙂\n\ttabs  and  spaces", "", " a", "\u{7f}\u{0}\u{10FFFF}"] {
+        let ids = tok.encode(text, false).unwrap();
+        assert!(ids.iter().all(|&i| (i as usize) < BYTE_VOCAB));
+        assert_eq!(ids.len(), text.len(), "one id per byte: {text:?}");
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+    }
+    assert_eq!(tok.encode("<|im_end|>", false).unwrap(), vec![IM_END_ID]);
+    let tm = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32).unwrap();
+    let on = tm.chat_prompt(None, "hi", Some(true)).unwrap();
+    let off = tm.chat_prompt(None, "hi", Some(false)).unwrap();
+    assert_eq!(on, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    assert!(off.ends_with("<think></think>"), "{off:?}");
+    let opts = GenerateOptions { max_new_tokens: 8, ..Default::default() };
+    let mut streamed = String::new();
+    let out = tm.generate_text(&on, opts, |p| streamed.push_str(p)).unwrap();
+    assert_eq!(streamed, out.text);
+    assert_eq!(out.tokens.len(), 8);
+}

@@ -198,6 +198,32 @@ impl<'m> Engine<'m> {
         Ok(id)
     }
 
+    /// Requests submitted and not yet admitted to a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences decoding in slots.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Drops a request wherever it is: out of the queue, or out of its slot (which the next
+    /// admission reuses; a slot's state is overwritten when it is loaded). Returns whether the
+    /// request was still live. No event is produced for it.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|w| w.id == id) {
+            self.waiting.remove(i);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            let r = self.running.remove(i);
+            self.free.push(r.slot);
+            return true;
+        }
+        false
+    }
+
     /// Whether nothing is waiting or running.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()

@@ -1,0 +1,263 @@
+//! A bounded load test of the OpenAI server, loopback only: N concurrent streaming clients, each
+//! sending M completion requests one after another (token-id prompts of `--prompt-len` tokens,
+//! `--max-tokens` out, EOS ignored so every request is the same length). Reports requests/s,
+//! output tokens/s, p50/p99 time to first token and inter-token latency (as each client sees
+//! them: one SSE chunk per token), and failed requests. Stops by itself.
+//!
+//! `cargo run --release --example loadtest -- [--url http://127.0.0.1:8000]` against a running
+//! server, or with no `--url` it starts one in-process on the same options `serve` takes
+//! (`--model DIR --backend cuda --dtype bf16 --context-length N`; no `--model`: the tiny synthetic
+//! one). `--clients 1,16,64` runs each level in turn; `--json FILE` writes the results.
+
+use clap::Parser;
+use nemotron::synth_text::write_tiny_text_checkpoint;
+use nemotron::{BackendKind, DType, TextModel};
+use nemotron_server::{Server, ServerOptions};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(about = "Load-test the OpenAI server over loopback")]
+struct Args {
+    /// A running server (loopback only); omit to start one in-process.
+    #[arg(long)]
+    url: Option<String>,
+    /// Concurrent clients per level.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    clients: Vec<usize>,
+    /// Requests per client per level.
+    #[arg(long, default_value_t = 4)]
+    requests: usize,
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// The model's vocabulary (prompt ids are drawn below it; read from /v1/models' server when
+    /// started here).
+    #[arg(long, default_value_t = 256)]
+    vocab: usize,
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    // In-process server:
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long, default_value = "flex")]
+    backend: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long)]
+    context_length: Option<usize>,
+    /// Slots of the in-process server (default: the largest --clients).
+    #[arg(long)]
+    max_batch: Option<usize>,
+    #[arg(long, default_value = "on")]
+    graphs: String,
+}
+
+#[derive(Default)]
+struct ClientStats {
+    ok: usize,
+    failed: usize,
+    tokens: usize,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+    errors: Vec<String>,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i]
+}
+
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let max_clients = a.clients.iter().copied().max().unwrap_or(1);
+    let mut vocab = a.vocab;
+    let mut _keep = None;
+    let server;
+    let base = match &a.url {
+        Some(u) => {
+            let host = u
+                .trim_start_matches("http://")
+                .split(['/', ':'])
+                .next()
+                .unwrap_or_default();
+            if !matches!(host, "127.0.0.1" | "localhost" | "[") {
+                return Err(format!("--url {u}: loopback only (127.0.0.1 / localhost)").into());
+            }
+            u.trim_end_matches('/').to_string()
+        }
+        None => {
+            let backend: BackendKind = a.backend.parse()?;
+            let dtype: DType = a.dtype.parse()?;
+            let dev = backend.device(dtype)?;
+            let dir = match &a.model {
+                Some(m) => nemotron::hub::resolve_model(m, None)?,
+                None => {
+                    let t = tempfile::tempdir()?;
+                    write_tiny_text_checkpoint(t.path(), 1)?;
+                    let p = t.path().to_path_buf();
+                    _keep = Some(t);
+                    p
+                }
+            };
+            let mut o = ServerOptions::new("load");
+            o.max_batch = a.max_batch.unwrap_or(max_clients);
+            o.max_queue = max_clients * 2;
+            o.context_length = a.context_length;
+            o.graphs = a.graphs == "on";
+            let cfg = nemotron::loader::read_config(&dir)?.0;
+            vocab = cfg.vocab_size;
+            let t0 = Instant::now();
+            server = Server::start(move || TextModel::load(&dir, &dev, dtype.burn()), o, "127.0.0.1:0")?;
+            eprintln!("server up in {:.1} s at {}", t0.elapsed().as_secs_f64(), server.addr());
+            format!("http://{}", server.addr())
+        }
+    };
+    let url = format!("{base}/v1/completions");
+    // Warm-up: one request per padded batch size the levels will use (captures graphs).
+    for &n in &a.clients {
+        let r = level(&url, n, 1, a.prompt_len, 4, vocab, 99);
+        if r.failed > 0 {
+            return Err(format!("warm-up at {n} clients failed: {:?}", r.errors).into());
+        }
+    }
+    let mut results = vec![];
+    println!("| clients | requests | failed | wall s | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for &n in &a.clients {
+        let t0 = Instant::now();
+        let mut s = level(&url, n, a.requests, a.prompt_len, a.max_tokens, vocab, 1);
+        let wall = t0.elapsed().as_secs_f64();
+        let row = json!({
+            "clients": n, "requests": s.ok + s.failed, "failed": s.failed, "wall_s": wall,
+            "requests_per_s": s.ok as f64 / wall, "output_tok_per_s": s.tokens as f64 / wall,
+            "ttft_p50_ms": pct(&mut s.ttft, 0.5) * 1e3, "ttft_p99_ms": pct(&mut s.ttft, 0.99) * 1e3,
+            "itl_p50_ms": pct(&mut s.itl, 0.5) * 1e3, "itl_p99_ms": pct(&mut s.itl, 0.99) * 1e3,
+            "prompt_len": a.prompt_len, "max_tokens": a.max_tokens,
+        });
+        println!(
+            "| {n} | {} | {} | {wall:.2} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} |",
+            s.ok + s.failed,
+            s.failed,
+            row["requests_per_s"].as_f64().unwrap_or(0.0),
+            row["output_tok_per_s"].as_f64().unwrap_or(0.0),
+            row["ttft_p50_ms"].as_f64().unwrap_or(0.0),
+            row["ttft_p99_ms"].as_f64().unwrap_or(0.0),
+            row["itl_p50_ms"].as_f64().unwrap_or(0.0),
+            row["itl_p99_ms"].as_f64().unwrap_or(0.0),
+        );
+        for e in s.errors.iter().take(3) {
+            eprintln!("  failure: {e}");
+        }
+        results.push(row);
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&results)?)?;
+    }
+    if results.iter().any(|r| r["failed"].as_u64() != Some(0)) {
+        return Err("some requests failed".into());
+    }
+    Ok(())
+}
+
+/// `clients` threads × `requests` streaming requests each.
+fn level(url: &str, clients: usize, requests: usize, prompt_len: usize, max_tokens: usize, vocab: usize, seed: u64) -> ClientStats {
+    let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(600)).build();
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let (agent, url) = (agent.clone(), url.to_string());
+            std::thread::spawn(move || {
+                let mut st = ClientStats::default();
+                let mut x = seed.wrapping_mul(1_000_003).wrapping_add(c as u64 * 7919 + 1);
+                for _ in 0..requests {
+                    let prompt: Vec<u64> = (0..prompt_len)
+                        .map(|_| {
+                            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                            (x >> 33) % vocab as u64
+                        })
+                        .collect();
+                    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true,
+                        "temperature": 0, "stream": true});
+                    match one(&agent, &url, &body) {
+                        Ok((tokens, ttft, itl)) => {
+                            st.ok += 1;
+                            st.tokens += tokens;
+                            st.ttft.push(ttft);
+                            st.itl.extend(itl);
+                        }
+                        Err(e) => {
+                            st.failed += 1;
+                            st.errors.push(e);
+                        }
+                    }
+                }
+                st
+            })
+        })
+        .collect();
+    let mut all = ClientStats::default();
+    for h in handles {
+        let s = h.join().unwrap_or_else(|_| ClientStats { failed: 1, errors: vec!["client thread panicked".into()], ..Default::default() });
+        all.ok += s.ok;
+        all.failed += s.failed;
+        all.tokens += s.tokens;
+        all.ttft.extend(s.ttft);
+        all.itl.extend(s.itl);
+        all.errors.extend(s.errors);
+    }
+    all
+}
+
+/// One streaming request: (tokens, time to first token, inter-token gaps), in seconds.
+fn one(agent: &ureq::Agent, url: &str, body: &Value) -> Result<(usize, f64, Vec<f64>), String> {
+    let t0 = Instant::now();
+    let r = agent.post(url).send_json(body.clone()).map_err(|e| e.to_string())?;
+    let mut last: Option<Instant> = None;
+    let (mut ttft, mut itl, mut tokens) = (0.0, vec![], 0usize);
+    let mut usage = None;
+    let mut done = false;
+    for line in BufReader::new(r.into_reader()).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
+        if let Some(e) = v.get("error") {
+            return Err(e.to_string());
+        }
+        if let Some(u) = v.get("usage") {
+            usage = u["completion_tokens"].as_u64();
+        }
+        let is_token = v["choices"][0]["finish_reason"].is_null() && v["choices"].as_array().is_some_and(|c| !c.is_empty());
+        if is_token {
+            let now = Instant::now();
+            match last {
+                None => ttft = (now - t0).as_secs_f64(),
+                Some(l) => itl.push((now - l).as_secs_f64()),
+            }
+            last = Some(now);
+            tokens += 1;
+        }
+    }
+    if !done {
+        return Err("the stream ended without [DONE]".into());
+    }
+    if usage != Some(tokens as u64) {
+        return Err(format!("{tokens} token chunks, usage says {usage:?}"));
+    }
+    Ok((tokens, ttft, itl))
+}
