@@ -119,9 +119,13 @@ fn run_on(a: Args, dev: &Device, dtype: DType) -> Result<(), Error> {
         }
     };
     let (dir, _keep): (PathBuf, _) = match &a.model {
-        Some(m) => (nemotron::hub::resolve_model(m, a.revision.as_deref())?, None),
+        Some(m) => (
+            nemotron::hub::resolve_model(m, a.revision.as_deref())?,
+            None,
+        ),
         None => {
-            let t = tempfile::tempdir().map_err(|e| Error::Unavailable(format!("temp dir: {e}")))?;
+            let t =
+                tempfile::tempdir().map_err(|e| Error::Unavailable(format!("temp dir: {e}")))?;
             write_tiny_text_checkpoint(t.path(), 1)?;
             eprintln!("no --model: a tiny synthetic Lightning-style checkpoint (random weights, byte tokenizer) in {}", t.path().display());
             (t.path().to_path_buf(), Some(t))
@@ -129,7 +133,9 @@ fn run_on(a: Args, dev: &Device, dtype: DType) -> Result<(), Error> {
     };
     if a.model.is_none() && a.prompt.is_none() {
         if a.system.is_some() || reasoning.is_some() || a.chat {
-            return Err(Error::Unavailable("--chat, --system and --reasoning need --prompt".into()));
+            return Err(Error::Unavailable(
+                "--chat, --system and --reasoning need --prompt".into(),
+            ));
         }
         let m = NemotronH::load_as(&dir, dev, dtype.burn())?;
         announce(&m, &a.backend);

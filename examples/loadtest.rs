@@ -120,8 +120,16 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = nemotron::loader::read_config(&dir)?.0;
             vocab = cfg.vocab_size;
             let t0 = Instant::now();
-            server = Server::start(move || TextModel::load(&dir, &dev, dtype.burn()), o, "127.0.0.1:0")?;
-            eprintln!("server up in {:.1} s at {}", t0.elapsed().as_secs_f64(), server.addr());
+            server = Server::start(
+                move || TextModel::load(&dir, &dev, dtype.burn()),
+                o,
+                "127.0.0.1:0",
+            )?;
+            eprintln!(
+                "server up in {:.1} s at {}",
+                t0.elapsed().as_secs_f64(),
+                server.addr()
+            );
             format!("http://{}", server.addr())
         }
     };
@@ -173,8 +181,18 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// `clients` threads × `requests` streaming requests each.
-fn level(url: &str, clients: usize, requests: usize, prompt_len: usize, max_tokens: usize, vocab: usize, seed: u64) -> ClientStats {
-    let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(600)).build();
+fn level(
+    url: &str,
+    clients: usize,
+    requests: usize,
+    prompt_len: usize,
+    max_tokens: usize,
+    vocab: usize,
+    seed: u64,
+) -> ClientStats {
+    let agent = ureq::AgentBuilder::new()
+        .timeout_read(Duration::from_secs(600))
+        .build();
     let handles: Vec<_> = (0..clients)
         .map(|c| {
             let (agent, url) = (agent.clone(), url.to_string());
@@ -209,7 +227,11 @@ fn level(url: &str, clients: usize, requests: usize, prompt_len: usize, max_toke
         .collect();
     let mut all = ClientStats::default();
     for h in handles {
-        let s = h.join().unwrap_or_else(|_| ClientStats { failed: 1, errors: vec!["client thread panicked".into()], ..Default::default() });
+        let s = h.join().unwrap_or_else(|_| ClientStats {
+            failed: 1,
+            errors: vec!["client thread panicked".into()],
+            ..Default::default()
+        });
         all.ok += s.ok;
         all.failed += s.failed;
         all.tokens += s.tokens;
@@ -223,14 +245,19 @@ fn level(url: &str, clients: usize, requests: usize, prompt_len: usize, max_toke
 /// One streaming request: (tokens, time to first token, inter-token gaps), in seconds.
 fn one(agent: &ureq::Agent, url: &str, body: &Value) -> Result<(usize, f64, Vec<f64>), String> {
     let t0 = Instant::now();
-    let r = agent.post(url).send_json(body.clone()).map_err(|e| e.to_string())?;
+    let r = agent
+        .post(url)
+        .send_json(body.clone())
+        .map_err(|e| e.to_string())?;
     let mut last: Option<Instant> = None;
     let (mut ttft, mut itl, mut tokens) = (0.0, vec![], 0usize);
     let mut usage = None;
     let mut done = false;
     for line in BufReader::new(r.into_reader()).lines() {
         let line = line.map_err(|e| e.to_string())?;
-        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
         if data == "[DONE]" {
             done = true;
             break;
@@ -242,7 +269,8 @@ fn one(agent: &ureq::Agent, url: &str, body: &Value) -> Result<(usize, f64, Vec<
         if let Some(u) = v.get("usage") {
             usage = u["completion_tokens"].as_u64();
         }
-        let is_token = v["choices"][0]["finish_reason"].is_null() && v["choices"].as_array().is_some_and(|c| !c.is_empty());
+        let is_token = v["choices"][0]["finish_reason"].is_null()
+            && v["choices"].as_array().is_some_and(|c| !c.is_empty());
         if is_token {
             let now = Instant::now();
             match last {

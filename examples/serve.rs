@@ -87,7 +87,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 "no --model: the tiny synthetic model (random weights, byte tokenizer) in {}",
                 t.path().display()
             );
-            (t.path().to_path_buf(), "nemotron-tiny-synthetic".to_string(), Some(t))
+            (
+                t.path().to_path_buf(),
+                "nemotron-tiny-synthetic".to_string(),
+                Some(t),
+            )
         }
     };
     let mut o = ServerOptions::new(a.served_model_name.as_deref().unwrap_or(&name));

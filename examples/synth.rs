@@ -1,7 +1,7 @@
 //! Writes a synthetic NemotronH checkpoint directory in the real layout.
 //!
 //! `cargo run --release --example synth -- --out DIR [--geometry tiny|nano|lightning]
-//!  [--recipe bf16|nano-nvfp4|lightning-mixed] [--shard-mb N] [--seed S] [--misalign]`
+//!  [--recipe bf16|nano-nvfp4|lightning-mixed] [--shard-mb N] [--seed S] [--misalign] [--text]`
 //!
 //! The full Lightning geometry with `lightning-mixed` is about 20 GB and is streamed to disk.
 
@@ -33,6 +33,10 @@ struct Args {
     /// `tools/hf_bench.py --from-config` needs.
     #[arg(long)]
     config_only: bool,
+    /// Also write the byte tokenizer, a chat template and generation_config.json
+    /// (`nemotron::synth_text`), so `serve` and `generate --prompt` run on the checkpoint.
+    #[arg(long)]
+    text: bool,
 }
 
 fn main() {
@@ -79,6 +83,12 @@ fn main() {
             t0.elapsed().as_secs_f64()
         ),
         Err(e) => fail(&e.to_string()),
+    }
+    if a.text {
+        if let Err(e) = nemotron::synth_text::write_text_files(&a.out, geom.vocab_size) {
+            fail(&e.to_string());
+        }
+        println!("wrote the byte tokenizer and chat template");
     }
 }
 

@@ -455,8 +455,17 @@ fn the_synthetic_byte_tokenizer_round_trips_text() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_text_checkpoint(dir.path(), 2).unwrap();
     let tok = Tokenizer::from_dir(dir.path()).unwrap();
-    assert!(tok.id_bound() <= 256 && tok.id_bound() == BYTE_VOCAB, "{}", tok.id_bound());
-    for text in ["héllo, 世界 🙂\n\ttabs  and  spaces", "", " a", "\u{7f}\u{0}\u{10FFFF}"] {
+    assert!(
+        tok.id_bound() <= 256 && tok.id_bound() == BYTE_VOCAB,
+        "{}",
+        tok.id_bound()
+    );
+    for text in [
+        "héllo, 世界 🙂\n\ttabs  and  spaces",
+        "",
+        " a",
+        "\u{7f}\u{0}\u{10FFFF}",
+    ] {
         let ids = tok.encode(text, false).unwrap();
         assert!(ids.iter().all(|&i| (i as usize) < BYTE_VOCAB));
         assert_eq!(ids.len(), text.len(), "one id per byte: {text:?}");
@@ -466,11 +475,19 @@ fn the_synthetic_byte_tokenizer_round_trips_text() {
     let tm = TextModel::load(dir.path(), &host(), burn::tensor::DType::F32).unwrap();
     let on = tm.chat_prompt(None, "hi", Some(true)).unwrap();
     let off = tm.chat_prompt(None, "hi", Some(false)).unwrap();
-    assert_eq!(on, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    assert_eq!(
+        on,
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    );
     assert!(off.ends_with("<think></think>"), "{off:?}");
-    let opts = GenerateOptions { max_new_tokens: 8, ..Default::default() };
+    let opts = GenerateOptions {
+        max_new_tokens: 8,
+        ..Default::default()
+    };
     let mut streamed = String::new();
-    let out = tm.generate_text(&on, opts, |p| streamed.push_str(p)).unwrap();
+    let out = tm
+        .generate_text(&on, opts, |p| streamed.push_str(p))
+        .unwrap();
     assert_eq!(streamed, out.text);
     assert_eq!(out.tokens.len(), 8);
 }

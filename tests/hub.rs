@@ -45,7 +45,10 @@ fn hub_ids_resolve_through_the_cache_offline() {
     let main = resolve_model("acme/tiny-nemotron", None).unwrap();
     assert_eq!(main, repo.join("snapshots").join(COMMIT));
     let tm = TextModel::load(&main, &burn::tensor::Device::flex(), DType::F32.burn()).unwrap();
-    assert!(tm.chat_template.is_some(), "the chat template came through the symlinks");
+    assert!(
+        tm.chat_template.is_some(),
+        "the chat template came through the symlinks"
+    );
     assert_eq!(
         resolve_model("acme/tiny-nemotron", Some("v2")).unwrap(),
         repo.join("snapshots").join(OTHER),
@@ -59,27 +62,44 @@ fn hub_ids_resolve_through_the_cache_offline() {
 
     let e = resolve_model("acme/missing", None).unwrap_err().to_string();
     assert!(
-        e.contains("acme/missing") && e.contains("HF_HUB_OFFLINE") && e.contains(&hub.display().to_string()),
+        e.contains("acme/missing")
+            && e.contains("HF_HUB_OFFLINE")
+            && e.contains(&hub.display().to_string()),
         "{e}"
     );
-    let e = resolve_model("acme/tiny-nemotron", Some("nope")).unwrap_err().to_string();
-    assert!(e.contains("nope") && e.contains("not in the Hub cache"), "{e}");
+    let e = resolve_model("acme/tiny-nemotron", Some("nope"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("nope") && e.contains("not in the Hub cache"),
+        "{e}"
+    );
 
     // HF_HUB_CACHE wins over HF_HOME.
     let elsewhere = tempfile::tempdir().unwrap();
     std::env::set_var("HF_HUB_CACHE", elsewhere.path());
-    assert!(resolve_model("acme/tiny-nemotron", None).is_err(), "HF_HUB_CACHE was not used");
+    assert!(
+        resolve_model("acme/tiny-nemotron", None).is_err(),
+        "HF_HUB_CACHE was not used"
+    );
     std::env::set_var("HF_HUB_CACHE", &hub);
     assert_eq!(resolve_model("acme/tiny-nemotron", None).unwrap(), main);
 
     // A directory stays a directory; --revision on one is refused; neither is refused by name.
-    assert_eq!(resolve_model(ck.path().to_str().unwrap(), None).unwrap(), ck.path());
-    let e = resolve_model(ck.path().to_str().unwrap(), Some("main")).unwrap_err().to_string();
+    assert_eq!(
+        resolve_model(ck.path().to_str().unwrap(), None).unwrap(),
+        ck.path()
+    );
+    let e = resolve_model(ck.path().to_str().unwrap(), Some("main"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--revision"), "{e}");
     let e = resolve_model("/no/such/dir", None).unwrap_err().to_string();
     assert!(e.contains("/no/such/dir"), "{e}");
     // A ref file that is not a commit is refused naming it.
     std::fs::write(repo.join("refs/bad"), "../../etc").unwrap();
-    let e = resolve_model("acme/tiny-nemotron", Some("bad")).unwrap_err().to_string();
+    let e = resolve_model("acme/tiny-nemotron", Some("bad"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("refs/bad") && e.contains("not a commit"), "{e}");
 }

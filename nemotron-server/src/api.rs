@@ -87,10 +87,14 @@ fn number(o: &Obj, name: &str) -> Result<Option<f64>, ApiError> {
 fn integer(o: &Obj, name: &str) -> Result<Option<i64>, ApiError> {
     match o.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(x)) => x.as_i64().map(Some).ok_or_else(|| {
-            ApiError::invalid(name, format!("{name} must be an integer, got {x}"))
-        }),
-        Some(_) => Err(ApiError::invalid(name, format!("{name} must be an integer"))),
+        Some(Value::Number(x)) => x
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(name, format!("{name} must be an integer, got {x}"))),
+        Some(_) => Err(ApiError::invalid(
+            name,
+            format!("{name} must be an integer"),
+        )),
     }
 }
 
@@ -98,12 +102,19 @@ fn boolean(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
     match o.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(name, format!("{name} must be true or false"))),
+        Some(_) => Err(ApiError::invalid(
+            name,
+            format!("{name} must be true or false"),
+        )),
     }
 }
 
 /// A field this server does not implement is refused when it asks for something, not ignored.
-fn unsupported_unless(o: &Obj, name: &str, harmless: impl Fn(&Value) -> bool) -> Result<(), ApiError> {
+fn unsupported_unless(
+    o: &Obj,
+    name: &str,
+    harmless: impl Fn(&Value) -> bool,
+) -> Result<(), ApiError> {
     match o.get(name) {
         Some(v) if !v.is_null() && !harmless(v) => Err(ApiError::invalid(
             name,
@@ -122,14 +133,32 @@ fn random_seed(st: &AppState) -> u64 {
 }
 
 /// The fields both endpoints share: model, sampling, budgets, stops, streaming.
-fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, usize, Vec<String>, bool, bool, Option<usize>), ApiError> {
+fn common(
+    st: &AppState,
+    o: &Obj,
+    kind: Kind,
+) -> Result<
+    (
+        GenerateOptions,
+        u64,
+        usize,
+        Vec<String>,
+        bool,
+        bool,
+        Option<usize>,
+    ),
+    ApiError,
+> {
     match o.get("model") {
         None | Some(Value::Null) => {}
         Some(Value::String(m)) if *m == st.model_name => {}
         Some(Value::String(m)) => {
             return Err(ApiError::invalid(
                 "model",
-                format!("the model {m:?} does not exist here; this server serves {:?}", st.model_name),
+                format!(
+                    "the model {m:?} does not exist here; this server serves {:?}",
+                    st.model_name
+                ),
             )
             .with_code("model_not_found"))
         }
@@ -138,7 +167,9 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
     for f in ["presence_penalty", "frequency_penalty"] {
         unsupported_unless(o, f, |v| v.as_f64() == Some(0.0))?;
     }
-    unsupported_unless(o, "logit_bias", |v| v.as_object().is_some_and(Map::is_empty))?;
+    unsupported_unless(o, "logit_bias", |v| {
+        v.as_object().is_some_and(Map::is_empty)
+    })?;
     unsupported_unless(o, "tools", |v| v.as_array().is_some_and(Vec::is_empty))?;
     unsupported_unless(o, "functions", |v| v.as_array().is_some_and(Vec::is_empty))?;
     unsupported_unless(o, "tool_choice", |v| v.as_str() == Some("none"))?;
@@ -160,13 +191,19 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
     let mut s: Sampling = st.defaults.sampling();
     if let Some(t) = number(o, "temperature")? {
         if !(t.is_finite() && t >= 0.0) {
-            return Err(ApiError::invalid("temperature", format!("temperature must be ≥ 0, got {t}")));
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("temperature must be ≥ 0, got {t}"),
+            ));
         }
         s.temperature = t as f32;
     }
     if let Some(p) = number(o, "top_p")? {
         if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::invalid("top_p", format!("top_p must be in (0, 1], got {p}")));
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("top_p must be in (0, 1], got {p}"),
+            ));
         }
         s.top_p = p as f32;
     }
@@ -174,12 +211,20 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
         s.top_k = match k {
             -1 | 0 => 0,
             k if k > 0 => k as usize,
-            k => return Err(ApiError::invalid("top_k", format!("top_k must be ≥ 1 (or 0 / -1 for all), got {k}"))),
+            k => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k must be ≥ 1 (or 0 / -1 for all), got {k}"),
+                ))
+            }
         };
     }
     if let Some(p) = number(o, "min_p")? {
         if !(0.0..=1.0).contains(&p) {
-            return Err(ApiError::invalid("min_p", format!("min_p must be in [0, 1], got {p}")));
+            return Err(ApiError::invalid(
+                "min_p",
+                format!("min_p must be in [0, 1], got {p}"),
+            ));
         }
         s.min_p = p as f32;
     }
@@ -199,11 +244,19 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
     let n = match integer(o, "n")? {
         None => 1,
         Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
-        Some(n) => return Err(ApiError::invalid("n", format!("n must be in 1..={MAX_CHOICES}, got {n}"))),
+        Some(n) => {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be in 1..={MAX_CHOICES}, got {n}"),
+            ))
+        }
     };
     if let Some(b) = integer(o, "best_of")? {
         if b as usize != n {
-            return Err(ApiError::invalid("best_of", "best_of other than n is not supported"));
+            return Err(ApiError::invalid(
+                "best_of",
+                "best_of other than n is not supported",
+            ));
         }
     }
     let names: &[&str] = match kind {
@@ -214,7 +267,10 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
     for &name in names {
         if let Some(m) = integer(o, name)? {
             if m < 1 {
-                return Err(ApiError::invalid(name, format!("{name} must be ≥ 1, got {m}")));
+                return Err(ApiError::invalid(
+                    name,
+                    format!("{name} must be ≥ 1, got {m}"),
+                ));
             }
             max_tokens.get_or_insert(m as usize);
         }
@@ -226,8 +282,15 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
             .iter()
             .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ApiError::invalid("stop", "stop must be a string or a list of strings"))?,
-        Some(_) => return Err(ApiError::invalid("stop", "stop must be a string or a list of strings")),
+            .ok_or_else(|| {
+                ApiError::invalid("stop", "stop must be a string or a list of strings")
+            })?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "stop must be a string or a list of strings",
+            ))
+        }
     };
     if stops.len() > MAX_STOPS || stops.iter().any(String::is_empty) {
         return Err(ApiError::invalid(
@@ -249,24 +312,45 @@ fn common(st: &AppState, o: &Obj, kind: Kind) -> Result<(GenerateOptions, u64, u
                     _ => {
                         return Err(ApiError::invalid(
                             "stop_token_ids",
-                            format!("stop_token_ids must be token ids below {}, got {v}", st.vocab_size),
+                            format!(
+                                "stop_token_ids must be token ids below {}, got {v}",
+                                st.vocab_size
+                            ),
                         ))
                     }
                 }
             }
         }
-        Some(_) => return Err(ApiError::invalid("stop_token_ids", "stop_token_ids must be a list of token ids")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                "stop_token_ids must be a list of token ids",
+            ))
+        }
     }
     let stream = boolean(o, "stream")?.unwrap_or(false);
     let include_usage = match o.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(so)) if stream => boolean(so, "include_usage")
-            .map_err(|_| ApiError::invalid("stream_options", "stream_options.include_usage must be true or false"))?
+            .map_err(|_| {
+                ApiError::invalid(
+                    "stream_options",
+                    "stream_options.include_usage must be true or false",
+                )
+            })?
             .unwrap_or(false),
         Some(Value::Object(_)) => {
-            return Err(ApiError::invalid("stream_options", "stream_options needs stream: true"))
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options needs stream: true",
+            ))
         }
-        Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "stream_options must be an object",
+            ))
+        }
     };
     let opts = GenerateOptions {
         max_new_tokens: 0,
@@ -286,42 +370,59 @@ fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
         Some(Value::Array(parts)) => {
             let mut s = String::new();
             for (i, p) in parts.iter().enumerate() {
-                match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(t)) => s.push_str(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            &format!("{at}.content[{i}]"),
-                            "only text content parts ({\"type\": \"text\", \"text\": …}) are supported",
-                        ))
-                    }
+                    _ => return Err(ApiError::invalid(
+                        &format!("{at}.content[{i}]"),
+                        "only text content parts ({\"type\": \"text\", \"text\": …}) are supported",
+                    )),
                 }
             }
             Ok(s)
         }
-        Some(_) => Err(ApiError::invalid(&format!("{at}.content"), "content must be a string or a list of text parts")),
+        Some(_) => Err(ApiError::invalid(
+            &format!("{at}.content"),
+            "content must be a string or a list of text parts",
+        )),
     }
 }
 
 fn chat_prompt(st: &AppState, o: &Obj) -> Result<Vec<u32>, ApiError> {
     let tmpl = st.chat_template.as_ref().ok_or_else(|| {
-        ApiError::invalid("messages", "this model has no chat template: use /v1/completions")
+        ApiError::invalid(
+            "messages",
+            "this model has no chat template: use /v1/completions",
+        )
     })?;
     let msgs = match o.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "messages is empty")),
-        None | Some(Value::Null) => return Err(ApiError::invalid("messages", "messages is required")),
-        Some(_) => return Err(ApiError::invalid("messages", "messages must be a list of messages")),
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("messages", "messages is required"))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must be a list of messages",
+            ))
+        }
     };
     let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
         let at = format!("messages[{i}]");
-        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::invalid(&format!("{at}.role"), "each message needs a role")
-        })?;
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid(&format!("{at}.role"), "each message needs a role"))?;
         if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
             return Err(ApiError::invalid(
                 &format!("{at}.role"),
-                format!("unknown role {role:?} (expected system, developer, user, assistant or tool)"),
+                format!(
+                    "unknown role {role:?} (expected system, developer, user, assistant or tool)"
+                ),
             ));
         }
         let role = if role == "developer" { "system" } else { role };
@@ -337,10 +438,18 @@ fn chat_prompt(st: &AppState, o: &Obj) -> Result<Vec<u32>, ApiError> {
                 ));
             }
             boolean(kw, "enable_thinking").map_err(|_| {
-                ApiError::invalid("chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false")
+                ApiError::invalid(
+                    "chat_template_kwargs",
+                    "chat_template_kwargs.enable_thinking must be true or false",
+                )
             })?
         }
-        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "chat_template_kwargs must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                "chat_template_kwargs must be an object",
+            ))
+        }
     };
     let text = tmpl
         .render(&out, reasoning)
@@ -369,21 +478,32 @@ fn completion_prompts(st: &AppState, o: &Obj) -> Result<Vec<Vec<u32>>, ApiError>
             .encode(s, true)
             .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
     };
-    let bad = || ApiError::invalid("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists");
+    let bad = || {
+        ApiError::invalid("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+    };
     match o.get("prompt") {
         None | Some(Value::Null) => Err(ApiError::invalid("prompt", "prompt is required")),
         Some(Value::String(s)) => Ok(vec![enc(s)?]),
-        Some(Value::Array(a)) if a.is_empty() => Err(ApiError::invalid("prompt", "prompt is empty")),
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
-            a.iter().map(|s| enc(s.as_str().unwrap_or_default())).collect()
+        Some(Value::Array(a)) if a.is_empty() => {
+            Err(ApiError::invalid("prompt", "prompt is empty"))
         }
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .map(|s| enc(s.as_str().unwrap_or_default()))
+            .collect(),
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => {
             Ok(vec![token_ids(a, "prompt", st.vocab_size)?])
         }
         Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
             .iter()
             .enumerate()
-            .map(|(i, p)| token_ids(p.as_array().map_or(&[][..], Vec::as_slice), &format!("prompt[{i}]"), st.vocab_size))
+            .map(|(i, p)| {
+                token_ids(
+                    p.as_array().map_or(&[][..], Vec::as_slice),
+                    &format!("prompt[{i}]"),
+                    st.vocab_size,
+                )
+            })
             .collect(),
         Some(_) => Err(bad()),
     }
@@ -404,15 +524,26 @@ fn parse(st: &AppState, body: Result<Bytes, BytesRejection>, kind: Kind) -> Resu
     if prompts.len() * n > MAX_CHOICES {
         return Err(ApiError::invalid(
             "n",
-            format!("{} prompts × n {n} = {} choices; at most {MAX_CHOICES} per request", prompts.len(), prompts.len() * n),
+            format!(
+                "{} prompts × n {n} = {} choices; at most {MAX_CHOICES} per request",
+                prompts.len(),
+                prompts.len() * n
+            ),
         ));
     }
     let c = st.context_length;
     let mut budget = usize::MAX;
     for (i, p) in prompts.iter().enumerate() {
-        let param = if kind == Kind::Chat { "messages" } else { "prompt" };
+        let param = if kind == Kind::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
         if p.is_empty() {
-            return Err(ApiError::invalid(param, format!("prompt {i} has no tokens")));
+            return Err(ApiError::invalid(
+                param,
+                format!("prompt {i} has no tokens"),
+            ));
         }
         match max_tokens {
             Some(m) if p.len() + m > c => {
@@ -499,7 +630,8 @@ impl ChoiceRun {
             return None;
         }
         let out = self.rx.recv().await;
-        let internal = |e: nemotron::Error| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+        let internal =
+            |e: nemotron::Error| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
         let mut token = false;
         let (piece, ended) = match out {
             None => {
@@ -511,7 +643,10 @@ impl ChoiceRun {
             }
             Some(Out::Failed(msg)) => {
                 (self.finished, self.released) = (true, true);
-                return Some(Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, format!("engine: {msg}"))));
+                return Some(Err(ApiError::status(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("engine: {msg}"),
+                )));
             }
             Some(Out::Refused(msg)) => {
                 (self.finished, self.released) = (true, true);
@@ -520,8 +655,16 @@ impl ChoiceRun {
             Some(Out::Token(t, stop)) => {
                 let now = Instant::now();
                 match self.last {
-                    None => self.st.metrics.time_to_first_token.observe((now - self.arrived).as_secs_f64()),
-                    Some(l) => self.st.metrics.inter_token_latency.observe((now - l).as_secs_f64()),
+                    None => self
+                        .st
+                        .metrics
+                        .time_to_first_token
+                        .observe((now - self.arrived).as_secs_f64()),
+                    Some(l) => self
+                        .st
+                        .metrics
+                        .inter_token_latency
+                        .observe((now - l).as_secs_f64()),
                 }
                 self.last = Some(now);
                 self.tokens += 1;
@@ -545,10 +688,18 @@ impl ChoiceRun {
                 let _ = self.st.cmd.lock().map(|tx| tx.send(Cmd::Cancel(self.key)));
             }
             (self.finished, self.released) = (true, true);
-            return Some(Ok(Piece { text, finish: Some("stop"), token }));
+            return Some(Ok(Piece {
+                text,
+                finish: Some("stop"),
+                token,
+            }));
         }
         let Some(reason) = ended else {
-            return Some(Ok(Piece { text, finish: None, token }));
+            return Some(Ok(Piece {
+                text,
+                finish: None,
+                token,
+            }));
         };
         (self.finished, self.released) = (true, true);
         self.end_metrics();
@@ -561,11 +712,18 @@ impl ChoiceRun {
             }
         }
         text.push_str(&self.stop.finish());
-        Some(Ok(Piece { text, finish: Some(reason), token }))
+        Some(Ok(Piece {
+            text,
+            finish: Some(reason),
+            token,
+        }))
     }
 
     fn end_metrics(&self) {
-        self.st.metrics.request_latency.observe(self.arrived.elapsed().as_secs_f64());
+        self.st
+            .metrics
+            .request_latency
+            .observe(self.arrived.elapsed().as_secs_f64());
     }
 }
 
@@ -573,7 +731,10 @@ impl ChoiceRun {
 fn submit(st: &Arc<AppState>, plan: &Plan, arrived: Instant) -> Result<Vec<ChoiceRun>, ApiError> {
     use std::sync::atomic::Ordering::SeqCst;
     if st.load.stopped.load(SeqCst) {
-        return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
+        return Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped",
+        ));
     }
     let k = plan.prompts.len() * plan.n;
     let limit = st.max_batch + st.max_queue;
@@ -592,7 +753,9 @@ fn submit(st: &Arc<AppState>, plan: &Plan, arrived: Instant) -> Result<Vec<Choic
     let tx = st
         .cmd
         .lock()
-        .map_err(|_| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine channel poisoned"))?
+        .map_err(|_| {
+            ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, "engine channel poisoned")
+        })?
         .clone();
     let mut runs = Vec::with_capacity(k);
     for (pi, p) in plan.prompts.iter().enumerate() {
@@ -601,7 +764,12 @@ fn submit(st: &Arc<AppState>, plan: &Plan, arrived: Instant) -> Result<Vec<Choic
             let (otx, orx) = tokio::sync::mpsc::unbounded_channel();
             let mut opts = plan.opts.clone();
             opts.sampling.seed = plan.seed.wrapping_add(j as u64);
-            let cmd = Cmd::Submit { key, prompt: p.clone(), opts, tx: otx };
+            let cmd = Cmd::Submit {
+                key,
+                prompt: p.clone(),
+                opts,
+                tx: otx,
+            };
             let sent = tx.send(cmd).is_ok();
             runs.push(ChoiceRun {
                 index: pi * plan.n + j,
@@ -619,7 +787,10 @@ fn submit(st: &Arc<AppState>, plan: &Plan, arrived: Instant) -> Result<Vec<Choic
             if !sent {
                 // Count back what never reached the engine (this one and the rest).
                 st.load.live.fetch_sub(k - (runs.len() - 1), SeqCst);
-                return Err(ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped"));
+                return Err(ApiError::status(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the engine has stopped",
+                ));
             }
         }
     }
@@ -636,11 +807,17 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-pub async fn chat_completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     handle(st, body, Kind::Chat).await
 }
 
-pub async fn completions(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     handle(st, body, Kind::Completion).await
 }
 
@@ -651,7 +828,8 @@ async fn handle(st: Arc<AppState>, body: Result<Bytes, BytesRejection>, kind: Ki
         Err(e) => Err(e),
     };
     let resp = r.unwrap_or_else(IntoResponse::into_response);
-    st.metrics.count_request(kind.endpoint(), resp.status().as_u16());
+    st.metrics
+        .count_request(kind.endpoint(), resp.status().as_u16());
     resp
 }
 
@@ -795,7 +973,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     if st.load.stopped.load(Ordering::SeqCst) {
         st.metrics.count_request("/health", 503);
-        return ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped").into_response();
+        return ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
+            .into_response();
     }
     st.metrics.count_request("/health", 200);
     Json(json!({"status": "ok"})).into_response()
@@ -804,7 +983,10 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     st.metrics.count_request("/metrics", 200);
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         st.metrics.render(),
     )
         .into_response()

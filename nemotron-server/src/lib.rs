@@ -115,16 +115,25 @@ pub struct Server {
 impl Server {
     /// Binds `addr` (port 0: any free port), loads the model with `load` on the engine thread
     /// (the model never leaves it), then serves. Returns once requests can be answered.
-    pub fn start<F>(load: F, opts: ServerOptions, addr: impl ToSocketAddrs) -> Result<Server, ServerError>
+    pub fn start<F>(
+        load: F,
+        opts: ServerOptions,
+        addr: impl ToSocketAddrs,
+    ) -> Result<Server, ServerError>
     where
         F: FnOnce() -> Result<TextModel, nemotron::Error> + Send + 'static,
     {
         if opts.max_batch == 0 {
-            return Err(ServerError::Options("--max-batch must be at least 1".into()));
+            return Err(ServerError::Options(
+                "--max-batch must be at least 1".into(),
+            ));
         }
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
-            .map_err(|e| ServerError::Bind { addr: "?".into(), reason: e.to_string() })?
+            .map_err(|e| ServerError::Bind {
+                addr: "?".into(),
+                reason: e.to_string(),
+            })?
             .collect();
         let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| ServerError::Bind {
             addr: format!("{addrs:?}"),
@@ -134,10 +143,12 @@ impl Server {
             addr: format!("{addrs:?}"),
             reason: e.to_string(),
         })?;
-        listener.set_nonblocking(true).map_err(|e| ServerError::Bind {
-            addr: local.to_string(),
-            reason: e.to_string(),
-        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ServerError::Bind {
+                addr: local.to_string(),
+                reason: e.to_string(),
+            })?;
 
         let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>();
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<Ready, ServerError>>(1);
@@ -232,8 +243,18 @@ impl Server {
             .map_err(|e| ServerError::Engine(e.to_string()))?;
         match up_rx.recv() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(ServerError::Bind { addr: local.to_string(), reason: e }),
-            Err(_) => return Err(ServerError::Bind { addr: local.to_string(), reason: "the HTTP thread stopped".into() }),
+            Ok(Err(e)) => {
+                return Err(ServerError::Bind {
+                    addr: local.to_string(),
+                    reason: e,
+                })
+            }
+            Err(_) => {
+                return Err(ServerError::Bind {
+                    addr: local.to_string(),
+                    reason: "the HTTP thread stopped".into(),
+                })
+            }
         }
         Ok(Server {
             addr: local,
@@ -307,7 +328,11 @@ fn engine_thread<F>(
                 "--context-length {c} is past the model's max_position_embeddings {m}"
             )))
         }
-        (Some(0), _) => return fail(ServerError::Options("--context-length must be at least 2".into())),
+        (Some(0), _) => {
+            return fail(ServerError::Options(
+                "--context-length must be at least 2".into(),
+            ))
+        }
         (Some(c), _) => c,
         (None, Some(m)) => m.min(DEFAULT_CONTEXT),
         (None, None) => DEFAULT_CONTEXT,

@@ -68,11 +68,7 @@ impl Metrics {
             "Sequences in the running decode batch",
             batch_size.clone(),
         );
-        registry.register(
-            "decode_steps",
-            "Engine steps run",
-            decode_steps.clone(),
-        );
+        registry.register("decode_steps", "Engine steps run", decode_steps.clone());
         registry.register(
             "time_to_first_token_seconds",
             "From a request's arrival to its first token",

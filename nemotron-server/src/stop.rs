@@ -96,7 +96,10 @@ mod tests {
         assert_eq!(m.push("abc E"), ("abc ".into(), false));
         assert_eq!(m.push("N"), (String::new(), false));
         assert_eq!(m.push("D tail"), (String::new(), true));
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".into(), true)
+        );
     }
 
     #[test]

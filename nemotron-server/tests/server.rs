@@ -25,7 +25,9 @@ fn dir() -> &'static std::path::Path {
 
 fn reference() -> &'static TextModel {
     static TM: OnceLock<TextModel> = OnceLock::new();
-    TM.get_or_init(|| TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn()).unwrap())
+    TM.get_or_init(|| {
+        TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn()).unwrap()
+    })
 }
 
 fn start(max_batch: usize, max_queue: usize, context: usize) -> Server {
@@ -61,7 +63,10 @@ fn post_raw(s: &Server, path: &str, body: &str) -> (u16, Value) {
     };
     let code = resp.status();
     let text = resp.into_string().unwrap();
-    (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        code,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 fn get(s: &Server, path: &str) -> (u16, String) {
@@ -76,7 +81,11 @@ fn get(s: &Server, path: &str) -> (u16, String) {
 fn stream(s: &Server, path: &str, body: &Value) -> Vec<String> {
     let r = ureq::post(&url(s, path)).send_json(body.clone()).unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.content_type().starts_with("text/event-stream"), "{}", r.content_type());
+    assert!(
+        r.content_type().starts_with("text/event-stream"),
+        "{}",
+        r.content_type()
+    );
     BufReader::new(r.into_reader())
         .lines()
         .map(Result::unwrap)
@@ -86,7 +95,11 @@ fn stream(s: &Server, path: &str, body: &Value) -> Vec<String> {
 
 /// The concatenated text of a stream's chunks for choice `i`, its finish reason and its usage.
 fn assemble(events: &[String], chat: bool, i: u64) -> (String, String, Value) {
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "the stream ends with [DONE]");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "the stream ends with [DONE]"
+    );
     let (mut text, mut finish, mut usage) = (String::new(), String::new(), Value::Null);
     for e in &events[..events.len() - 1] {
         let c: Value = serde_json::from_str(e).unwrap();
@@ -98,7 +111,11 @@ fn assemble(events: &[String], chat: bool, i: u64) -> (String, String, Value) {
             if ch["index"].as_u64() != Some(i) {
                 continue;
             }
-            let piece = if chat { &ch["delta"]["content"] } else { &ch["text"] };
+            let piece = if chat {
+                &ch["delta"]["content"]
+            } else {
+                &ch["text"]
+            };
             text.push_str(piece.as_str().unwrap_or_default());
             if let Some(f) = ch["finish_reason"].as_str() {
                 finish = f.into();
@@ -111,7 +128,10 @@ fn assemble(events: &[String], chat: bool, i: u64) -> (String, String, Value) {
 /// What the library produces for this rendered prompt (greedy, EOS ignored).
 fn library(prompt: &str, max_tokens: usize) -> String {
     let tm = reference();
-    let opts = GenerateOptions { max_new_tokens: max_tokens, ..Default::default() };
+    let opts = GenerateOptions {
+        max_new_tokens: max_tokens,
+        ..Default::default()
+    };
     tm.generate_text(prompt, opts, |_| {}).unwrap().text
 }
 
@@ -127,16 +147,29 @@ fn chat_streamed_and_not_equal_the_library() {
         assert_eq!(code, 200, "{r}");
         assert_eq!(r["object"], "chat.completion");
         assert_eq!(r["model"], NAME);
-        let text = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let text = r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
         assert_eq!(r["choices"][0]["finish_reason"], "length");
         assert_eq!(r["usage"]["completion_tokens"], 24);
         let rendered = reference()
             .chat_template
             .as_ref()
             .unwrap()
-            .render(&[Message::new("system", "Be terse."), Message::new("user", "Name a prime, please.")], Some(thinking))
+            .render(
+                &[
+                    Message::new("system", "Be terse."),
+                    Message::new("user", "Name a prime, please."),
+                ],
+                Some(thinking),
+            )
             .unwrap();
-        assert_eq!(text, library(&rendered, 24), "thinking {thinking}: the server and the library disagree");
+        assert_eq!(
+            text,
+            library(&rendered, 24),
+            "thinking {thinking}: the server and the library disagree"
+        );
         let ids = reference().tokenizer.encode(&rendered, false).unwrap();
         assert_eq!(r["usage"]["prompt_tokens"], ids.len());
 
@@ -158,19 +191,31 @@ fn chat_streamed_and_not_equal_the_library() {
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);
     let tm = reference();
-    let (code, r) = post(&s, "/v1/completions", &json!({"model": NAME, "prompt": "The sky is", "max_tokens": 16, "temperature": 0, "ignore_eos": true}));
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        &json!({"model": NAME, "prompt": "The sky is", "max_tokens": 16, "temperature": 0, "ignore_eos": true}),
+    );
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["object"], "text_completion");
     let text = r["choices"][0]["text"].as_str().unwrap().to_string();
     assert_eq!(text, library("The sky is", 16));
 
     let ids = tm.tokenizer.encode("The sky is", true).unwrap();
-    let (code, r2) = post(&s, "/v1/completions", &json!({"prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": true}));
+    let (code, r2) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": true}),
+    );
     assert_eq!(code, 200, "{r2}");
     assert_eq!(r2["choices"][0]["text"], text.as_str());
 
     // Two prompts in one request, streamed: each choice equals its prompt alone.
-    let ev = stream(&s, "/v1/completions", &json!({"prompt": ["The sky is", "Why"], "max_tokens": 10, "temperature": 0, "ignore_eos": true, "stream": true}));
+    let ev = stream(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": ["The sky is", "Why"], "max_tokens": 10, "temperature": 0, "ignore_eos": true, "stream": true}),
+    );
     let (t0, f0, usage) = assemble(&ev, false, 0);
     let (t1, _, _) = assemble(&ev, false, 1);
     assert_eq!(t0, library("The sky is", 10));
@@ -207,10 +252,16 @@ fn seeded_choices_reproduce_and_equal_single_requests() {
     let (c, two) = post(&s, "/v1/completions", &body(2, 7));
     assert_eq!(c, 200, "{two}");
     let (_, again) = post(&s, "/v1/completions", &body(2, 7));
-    assert_eq!(two["choices"], again["choices"], "the same seed gives the same choices");
+    assert_eq!(
+        two["choices"], again["choices"],
+        "the same seed gives the same choices"
+    );
     for j in 0..2 {
         let (_, one) = post(&s, "/v1/completions", &body(1, 7 + j));
-        assert_eq!(one["choices"][0]["text"], two["choices"][j as usize]["text"], "choice {j}");
+        assert_eq!(
+            one["choices"][0]["text"], two["choices"][j as usize]["text"],
+            "choice {j}"
+        );
     }
 }
 
@@ -223,7 +274,11 @@ fn models_health_and_metrics() {
     assert_eq!(m["data"][0]["id"], NAME);
     assert_eq!(m["data"][0]["max_model_len"], 256);
     assert_eq!(get(&s, "/health").0, 200);
-    let (c, _) = post(&s, "/v1/completions", &json!({"prompt": "a", "max_tokens": 5, "ignore_eos": true}));
+    let (c, _) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 5, "ignore_eos": true}),
+    );
     assert_eq!(c, 200);
     let (c, text) = get(&s, "/metrics");
     assert_eq!(c, 200);
@@ -245,26 +300,62 @@ fn bad_requests_are_refused_with_openai_errors() {
     let ok = json!({"prompt": "hi", "max_tokens": 4});
     let cases: Vec<(Value, &str, &str)> = vec![
         (json!({"prompt": "hi", "model": "gpt-4"}), "model", "gpt-4"),
-        (json!({"prompt": "hi", "temperature": -1}), "temperature", "-1"),
-        (json!({"prompt": "hi", "temperature": "hot"}), "temperature", "number"),
+        (
+            json!({"prompt": "hi", "temperature": -1}),
+            "temperature",
+            "-1",
+        ),
+        (
+            json!({"prompt": "hi", "temperature": "hot"}),
+            "temperature",
+            "number",
+        ),
         (json!({"prompt": "hi", "top_p": 0}), "top_p", "(0, 1]"),
         (json!({"prompt": "hi", "top_k": -5}), "top_k", "-5"),
         (json!({"prompt": "hi", "min_p": 2}), "min_p", "2"),
-        (json!({"prompt": "hi", "repetition_penalty": 0}), "repetition_penalty", "0"),
-        (json!({"prompt": "hi", "max_tokens": 0}), "max_tokens", "≥ 1"),
-        (json!({"prompt": "hi", "max_tokens": 1.5}), "max_tokens", "integer"),
+        (
+            json!({"prompt": "hi", "repetition_penalty": 0}),
+            "repetition_penalty",
+            "0",
+        ),
+        (
+            json!({"prompt": "hi", "max_tokens": 0}),
+            "max_tokens",
+            "≥ 1",
+        ),
+        (
+            json!({"prompt": "hi", "max_tokens": 1.5}),
+            "max_tokens",
+            "integer",
+        ),
         (json!({"prompt": "hi", "n": 0}), "n", "n must be"),
         (json!({"prompt": "hi", "stop": 3}), "stop", "stop"),
         (json!({"prompt": "hi", "stop": [""]}), "stop", "non-empty"),
-        (json!({"prompt": "hi", "logprobs": 2}), "logprobs", "not supported"),
-        (json!({"prompt": "hi", "presence_penalty": 0.5}), "presence_penalty", "not supported"),
-        (json!({"prompt": "hi", "stream_options": {"include_usage": true}}), "stream_options", "stream: true"),
+        (
+            json!({"prompt": "hi", "logprobs": 2}),
+            "logprobs",
+            "not supported",
+        ),
+        (
+            json!({"prompt": "hi", "presence_penalty": 0.5}),
+            "presence_penalty",
+            "not supported",
+        ),
+        (
+            json!({"prompt": "hi", "stream_options": {"include_usage": true}}),
+            "stream_options",
+            "stream: true",
+        ),
         (json!({"prompt": [1, 2, 999999]}), "prompt", "999999"),
         (json!({"prompt": ""}), "prompt", "no tokens"),
         (json!({"prompt": []}), "prompt", "empty"),
         (json!({"prompt": {"x": 1}}), "prompt", "prompt must be"),
         (json!({}), "prompt", "required"),
-        (json!({"prompt": "hi", "max_tokens": 63}), "max_tokens", "64"),
+        (
+            json!({"prompt": "hi", "max_tokens": 63}),
+            "max_tokens",
+            "64",
+        ),
         (json!({"prompt": vec![5u32; 64]}), "prompt", "64"),
     ];
     for (body, param, needle) in cases {
@@ -277,7 +368,11 @@ fn bad_requests_are_refused_with_openai_errors() {
         assert!(msg.contains(needle), "{body} → {msg:?} lacks {needle:?}");
     }
     // The context refusal names both numbers.
-    let (_, r) = post(&s, "/v1/completions", &json!({"prompt": vec![5u32; 10], "max_tokens": 60}));
+    let (_, r) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": vec![5u32; 10], "max_tokens": 60}),
+    );
     let msg = r["error"]["message"].as_str().unwrap();
     assert!(msg.contains("64") && msg.contains("70"), "{msg}");
     assert_eq!(r["error"]["code"], "context_length_exceeded");
@@ -286,12 +381,30 @@ fn bad_requests_are_refused_with_openai_errors() {
         (json!({"messages": []}), "messages"),
         (json!({"messages": "hi"}), "messages"),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}), "messages[0].content[0]"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}}), "chat_template_kwargs"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "yes"}}), "chat_template_kwargs"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}), "logprobs"),
-        (json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100}), "max_tokens"),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tools": []}}),
+            "chat_template_kwargs",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "yes"}}),
+            "chat_template_kwargs",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
+            "logprobs",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100}),
+            "max_tokens",
+        ),
     ];
     for (body, param) in chat {
         let (code, r) = post(&s, "/v1/chat/completions", &body);
@@ -301,7 +414,10 @@ fn bad_requests_are_refused_with_openai_errors() {
     for raw in ["{not json", "[1, 2]", ""] {
         let (code, r) = post_raw(&s, "/v1/completions", raw);
         assert_eq!(code, 400, "{raw:?} → {r}");
-        assert!(r["error"]["message"].as_str().unwrap().contains("JSON"), "{r}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("JSON"),
+            "{r}"
+        );
     }
     let (code, body) = get(&s, "/v1/nothing");
     assert_eq!(code, 404);
@@ -324,7 +440,9 @@ fn metric(s: &Server, name: &str) -> f64 {
 /// A long streaming request whose client reads three chunks and hangs up.
 fn leave_after_three_chunks(s: &Server) {
     let body = json!({"prompt": "x", "max_tokens": 1500, "ignore_eos": true, "stream": true});
-    let r = ureq::post(&url(s, "/v1/completions")).send_json(body).unwrap();
+    let r = ureq::post(&url(s, "/v1/completions"))
+        .send_json(body)
+        .unwrap();
     let mut lines = BufReader::new(r.into_reader()).lines();
     let mut seen = 0;
     while seen < 3 {
@@ -340,14 +458,21 @@ fn a_client_that_leaves_mid_stream_frees_its_slot() {
     leave_after_three_chunks(&s);
     // One slot: this request can only run once the first one's slot is free.
     let t = Instant::now();
-    let (code, r) = post(&s, "/v1/completions", &json!({"prompt": "y", "max_tokens": 8, "ignore_eos": true}));
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "y", "max_tokens": 8, "ignore_eos": true}),
+    );
     assert_eq!(code, 200, "{r}");
     let after = metric(&s, "nemotron_generation_tokens_total");
     assert!(
         after < 300.0,
         "{after} tokens generated: the departed client's request ran on (of 1,500) instead of being cancelled"
     );
-    eprintln!("second request done {:?} after the first client left; {after} tokens in all", t.elapsed());
+    eprintln!(
+        "second request done {:?} after the first client left; {after} tokens in all",
+        t.elapsed()
+    );
     assert_eq!(metric(&s, "nemotron_batch_size"), 0.0);
 }
 
@@ -356,23 +481,36 @@ fn a_full_queue_answers_429() {
     let s = start(1, 1, 2048);
     let hold = |s: &Server| {
         let body = json!({"prompt": "x", "max_tokens": 1500, "ignore_eos": true, "stream": true});
-        let r = ureq::post(&url(s, "/v1/completions")).send_json(body).unwrap();
+        let r = ureq::post(&url(s, "/v1/completions"))
+            .send_json(body)
+            .unwrap();
         BufReader::new(r.into_reader())
     };
     let mut a = hold(&s); // runs
     let mut line = String::new();
     a.read_line(&mut line).unwrap();
     let _b = hold(&s); // waits (the queue holds one)
-    let (code, r) = post(&s, "/v1/completions", &json!({"prompt": "z", "max_tokens": 4}));
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "z", "max_tokens": 4}),
+    );
     assert_eq!(code, 429, "{r}");
     assert_eq!(r["error"]["code"], "queue_full", "{r}");
-    assert!(r["error"]["message"].as_str().unwrap().contains("retry"), "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains("retry"),
+        "{r}"
+    );
     drop(a);
     drop(_b);
     // Once both clients are gone the server takes requests again.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (code, r) = post(&s, "/v1/completions", &json!({"prompt": "z", "max_tokens": 4}));
+        let (code, r) = post(
+            &s,
+            "/v1/completions",
+            &json!({"prompt": "z", "max_tokens": 4}),
+        );
         if code == 200 {
             break;
         }

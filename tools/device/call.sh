@@ -10,6 +10,8 @@
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
+#   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
+#                token-id prompts, 64 tokens out, 2 streaming requests per client per level)
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -33,9 +35,9 @@ while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     unpack) bash tools/device/unpack.sh ;;
-    synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed ;;
+    synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text ;;
     synth-bg)
-      ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed >"$OUT/synth.log" 2>&1 ) &
+      ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text >"$OUT/synth.log" 2>&1 ) &
       SYNTH_PID=$! ;;
     tests)
       for t in ops engine slots decode_graph device_parity; do
@@ -60,6 +62,10 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
           --step-kernels --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
+    load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
+          --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
+          --json "$OUT/load.json"
+        shift ;;
     ncud) bench ncu_detail.txt timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
           --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \

@@ -11,7 +11,7 @@ for t in ops engine slots decode_graph device_parity; do
   [ -n "$f" ] || { echo "no test binary for $t" >&2; exit 1; }
   strip -o "$out/deps/$t" "$f"
 done
-for e in bench synth parity; do
+for e in bench synth parity loadtest; do
   strip -o "$out/examples/$e" "target/release/examples/$e"
 done
 xz -T2 -6 "$out"/deps/* "$out"/examples/*
