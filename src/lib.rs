@@ -47,6 +47,9 @@
 //! eprintln!("\n{} tokens, stopped by {:?}", out.tokens.len(), out.stop);
 //! # Ok::<(), nemotron::Error>(())
 //! ```
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod backend;
 pub mod chat;

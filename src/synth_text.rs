@@ -35,6 +35,7 @@ pub const BYTE_VOCAB: usize = SPECIAL_TOKENS.len() + 243;
 pub const CHAT_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}<think></think>{% else %}<think>\n{% endif %}{% endif %}";
 
 /// GPT-2's byte → printable character table (what the ByteLevel pre-tokenizer emits).
+#[allow(clippy::expect_used, reason = "256 + n < 512 is a valid scalar value")]
 fn byte_char(b: u8) -> char {
     let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
     if printable(b) {
@@ -93,7 +94,10 @@ pub fn write_text_files(dir: &Path, vocab_size: usize) -> Result<(), Error> {
     }
     let write = |name: &str, v: Value| -> Result<(), Error> {
         let p = dir.join(name);
-        let text = serde_json::to_string_pretty(&v).expect("JSON values serialize");
+        let text = serde_json::to_string_pretty(&v).map_err(|e| Error::Config {
+            path: p.clone(),
+            reason: e.to_string(),
+        })?;
         std::fs::write(&p, text).map_err(|e| Error::Config {
             path: p,
             reason: format!("cannot write: {e}"),

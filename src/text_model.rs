@@ -47,8 +47,12 @@ impl GenerationDefaults {
                     .map(|x| x as u32)
                     .collect()
             }
-            Some(x) if x.is_u64() => d.eos_token_ids = vec![x.as_u64().unwrap() as u32],
-            _ => {}
+            Some(x) => {
+                if let Some(n) = x.as_u64() {
+                    d.eos_token_ids = vec![n as u32];
+                }
+            }
+            None => {}
         }
         d.do_sample = v.get("do_sample").and_then(Value::as_bool).unwrap_or(false);
         d.temperature = v
@@ -190,6 +194,10 @@ impl TextModel {
     }
 
     /// [`Self::generate_text`] with a prefill progress callback `(done, total)` per prompt chunk.
+    #[allow(
+        clippy::expect_used,
+        reason = "the token iterator ends only after it has set a stop reason"
+    )]
     pub fn generate_text_with_progress(
         &self,
         prompt: &str,

@@ -3,6 +3,9 @@
 //!
 //! Every reader here takes little-endian bytes and never reinterprets a byte buffer as a typed
 //! slice: safetensors data offsets need not be aligned.
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 /// E2M1 (FP4) values of the 16 codes: bit 3 is the sign, bits 2..0 index the magnitudes.
 pub const E2M1_VALUES: [f32; 16] = [

@@ -11,6 +11,9 @@
 //! The extension covers the plain backends: `Flex`, `NdArray`, and `Cuda` / `Wgpu` **without** Burn's
 //! `fusion` feature (with it, `burn::backend::Cuda` names a fusion wrapper this crate does not
 //! implement, and the build fails on the missing impl).
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 #[cfg(feature = "cube")]
 pub mod cube;

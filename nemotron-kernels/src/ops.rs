@@ -24,6 +24,11 @@ fn f32_tensor(v: Vec<f32>, device: &Device) -> burn::backend::DispatchTensor {
 }
 
 /// One shape for a stack, or the name of the first matrix that differs.
+#[allow(
+    clippy::expect_used,
+    reason = "stacks come from loaded layers: the loader checks every expert's shape against the \
+              config, and n_routed_experts ≥ 1"
+)]
 fn stack_shape(shapes: impl Iterator<Item = (usize, usize)>) -> StackShape {
     let mut experts = 0;
     let mut first = None;

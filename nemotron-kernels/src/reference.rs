@@ -65,9 +65,15 @@ fn par_rows<T: Send>(n: usize, f: impl Fn(std::ops::Range<usize>) -> Vec<T> + Sy
                 s.spawn(move || f((t * per).min(n)..((t + 1) * per).min(n)))
             })
             .collect();
-        hs.into_iter()
+        #[allow(
+            clippy::expect_used,
+            reason = "re-raises a worker's panic on the caller's thread; workers compute on checked shapes"
+        )]
+        let out = hs
+            .into_iter()
             .flat_map(|h| h.join().expect("worker"))
-            .collect()
+            .collect();
+        out
     })
 }
 

@@ -33,6 +33,9 @@ pub enum LoadError {
     /// The shard index is malformed or names a shard that is not there.
     #[error("{index}: {reason}")]
     Index { index: PathBuf, reason: String },
+    /// A broken internal invariant: a bug in the loader, never the input's fault.
+    #[error("internal error (a loader bug; please report it): {0}")]
+    Internal(String),
     #[error("tensor `{tensor}` is missing: {what} needs it")]
     MissingTensor { tensor: String, what: String },
     #[error("{file}: unexpected tensor `{tensor}`: the config and quantization recipe imply no such tensor")]

@@ -1,3 +1,6 @@
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![recursion_limit = "256"]
 //! `nemotron-loader`: a NemotronH checkpoint directory → validated config + typed, still-packed
 //! host weights, with a report of what was found.

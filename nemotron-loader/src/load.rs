@@ -133,12 +133,16 @@ impl Checkpoint {
 
         // 1. Enumerate: every tensor present must be planned, every planned one present, in the
         //    declared dtype and shape.
+        let mut matched: Vec<(&Entry, &Spec)> = Vec::with_capacity(shards.entries.len());
         for e in &shards.entries {
-            if plan.get(&e.name).is_none() {
-                return Err(LoadError::UnexpectedTensor {
-                    tensor: e.name.clone(),
-                    file: shards.shards[e.shard].path.clone(),
-                });
+            match plan.get(&e.name) {
+                Some(s) => matched.push((e, s)),
+                None => {
+                    return Err(LoadError::UnexpectedTensor {
+                        tensor: e.name.clone(),
+                        file: shards.shards[e.shard].path.clone(),
+                    })
+                }
             }
         }
         for s in &plan.specs {
@@ -156,10 +160,9 @@ impl Checkpoint {
         check_kv_pairs(&plan, &shards)?;
 
         // 2. Materialize, shard by shard in file order, releasing mapped pages as we go.
-        let mut order: Vec<(&Entry, &Spec)> = shards
-            .entries
+        let mut order: Vec<(&Entry, &Spec)> = matched
             .iter()
-            .map(|e| (e, plan.get(&e.name).expect("checked")))
+            .copied()
             .filter(|(_, s)| !s.deferred)
             .collect();
         order.sort_by_key(|(e, _)| (e.shard, e.start));
@@ -174,12 +177,7 @@ impl Checkpoint {
         for (e, s) in order {
             let t = materialize(&shards, e, s)?;
             shards.release(e);
-            report.count_materialized(
-                s,
-                e.dtype.clone().expect("checked"),
-                (e.end - e.start) as u64,
-                t.bytes.len() as u64,
-            );
+            report.count_materialized(s, t.dtype, (e.end - e.start) as u64, t.bytes.len() as u64);
             held.insert(t.name.clone(), t);
             progress.tensors_done += 1;
             progress.bytes_done += (e.end - e.start) as u64;
@@ -187,8 +185,7 @@ impl Checkpoint {
                 cb(progress);
             }
         }
-        for e in &shards.entries {
-            let s = plan.get(&e.name).expect("checked");
+        for &(e, s) in &matched {
             if s.deferred {
                 let prefix = DEFERRED_PREFIXES
                     .iter()
@@ -266,7 +263,9 @@ impl Checkpoint {
             let shipped = t.dtype;
             let source = t.bytes.len() as u64;
             let t = if s.role == Role::Widened && t.dtype != DType::F32 {
-                let v = t.to_f32_vec().expect("float");
+                let v = t.to_f32_vec().ok_or_else(|| {
+                    LoadError::Internal(format!("`{}` is widened but not a float", t.name))
+                })?;
                 HostTensor {
                     bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                     dtype: DType::F32,
@@ -374,7 +373,10 @@ fn check_kv_pairs(plan: &Plan, shards: &ShardSet) -> Result<()> {
 /// values a wrong byte would make unusable.
 fn materialize(shards: &ShardSet, e: &Entry, s: &Spec) -> Result<HostTensor> {
     let src = shards.bytes(e);
-    let dtype = e.dtype.clone().expect("checked");
+    let dtype = e
+        .dtype
+        .clone()
+        .map_err(|d| LoadError::Internal(format!("`{}` has unchecked dtype {d}", e.name)))?;
     let bad = |reason: String| LoadError::BadValue {
         tensor: e.name.clone(),
         file: shards.shards[e.shard].path.clone(),
@@ -473,7 +475,9 @@ impl Take<'_> {
     }
 
     fn f32s(&mut self, name: &str) -> Result<Vec<f32>> {
-        Ok(self.tensor(name)?.to_f32_vec().expect("widened to f32"))
+        self.tensor(name)?
+            .to_f32_vec()
+            .ok_or_else(|| LoadError::Internal(format!("`{name}` was not widened to f32")))
     }
 
     fn linear(&mut self, module: &str) -> Result<LinearWeight> {
@@ -531,7 +535,10 @@ fn assemble(
                 out_proj: t.linear(&format!("{m}.out_proj"))?,
             }),
             LayerKind::Moe => {
-                let c = cfg.moe.as_ref().expect("validated");
+                let c = cfg
+                    .moe
+                    .as_ref()
+                    .ok_or_else(|| LoadError::Internal("MoE layer without a MoE config".into()))?;
                 let router = t.tensor(&format!("{m}.gate.weight"))?;
                 let correction_bias = t.tensor(&format!("{m}.gate.e_score_correction_bias"))?;
                 let experts = (0..c.n_routed_experts)

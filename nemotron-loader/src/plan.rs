@@ -349,7 +349,9 @@ impl Builder<'_> {
                     &what,
                 );
                 // W4A16 ships no input_scale; W4A4 must.
-                self.specs.last_mut().unwrap().optional = act == Nvfp4Activations::W4A16;
+                if let Some(last) = self.specs.last_mut() {
+                    last.optional = act == Nvfp4Activations::W4A16;
+                }
             }
             WeightForm::Fp8 => {
                 self.push(
@@ -397,7 +399,9 @@ impl Builder<'_> {
         let m = format!("{p}.mixer");
         match kind {
             LayerKind::Mamba => {
-                let c = cfg.mamba.as_ref().expect("validated: Mamba config present");
+                let c = cfg.mamba.as_ref().ok_or_else(|| {
+                    LoadError::Internal("a Mamba layer without its config".into())
+                })?;
                 let what = format!("{what} Mamba2");
                 self.linear(&format!("{m}.in_proj"), c.in_proj_dim(), h, &what)?;
                 self.dense(
@@ -422,7 +426,10 @@ impl Builder<'_> {
                 self.linear(&format!("{m}.out_proj"), h, c.inner(), &what)?;
             }
             LayerKind::Moe => {
-                let c = cfg.moe.as_ref().expect("validated: MoE config present");
+                let c = cfg
+                    .moe
+                    .as_ref()
+                    .ok_or_else(|| LoadError::Internal("a MoE layer without its config".into()))?;
                 let what = format!("{what} MoE");
                 let e = c.n_routed_experts;
                 self.push(
@@ -473,10 +480,9 @@ impl Builder<'_> {
                 }
             }
             LayerKind::Attention => {
-                let c = cfg
-                    .attention
-                    .as_ref()
-                    .expect("validated: attention config present");
+                let c = cfg.attention.as_ref().ok_or_else(|| {
+                    LoadError::Internal("a attention layer without its config".into())
+                })?;
                 let what = format!("{what} attention");
                 let q = c.num_heads * c.head_dim;
                 let kv = c.num_kv_heads * c.head_dim;
@@ -494,12 +500,17 @@ impl Builder<'_> {
                             Role::KvScale,
                             &format!("{what} FP8 KV cache"),
                         );
-                        self.specs.last_mut().unwrap().optional = true;
+                        if let Some(last) = self.specs.last_mut() {
+                            last.optional = true;
+                        }
                     }
                 }
             }
             LayerKind::Mlp => {
-                let c = cfg.mlp.as_ref().expect("validated: MLP config present");
+                let c = cfg
+                    .mlp
+                    .as_ref()
+                    .ok_or_else(|| LoadError::Internal("a MLP layer without its config".into()))?;
                 let what = format!("{what} MLP");
                 self.linear(&format!("{m}.up_proj"), c.intermediate_size, h, &what)?;
                 self.linear(&format!("{m}.down_proj"), h, c.intermediate_size, &what)?;

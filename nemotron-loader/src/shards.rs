@@ -348,7 +348,8 @@ fn shard_error(path: &Path, buf: &[u8], e: safetensors::SafeTensorError) -> Load
         E::InvalidHeaderLength => {
             let n = buf
                 .get(..8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_le_bytes)
                 .unwrap_or(0);
             format!(
                 "header length {n} runs past the end of the file ({} bytes)",

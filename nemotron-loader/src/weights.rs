@@ -89,6 +89,10 @@ impl LinearWeight {
 
     /// Dequantizes row `r` (one output feature) into `out` (`in_features` long), following the
     /// format definitions. For references and tests; inference consumes the packed form.
+    #[allow(
+        clippy::expect_used,
+        reason = "a dense linear's dtype is checked to be BF16/F16/F32 when it is loaded"
+    )]
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         let k = self.in_features();
         assert_eq!(out.len(), k, "dequant_row: output length");

@@ -274,7 +274,11 @@ impl<'m> Engine<'m> {
         let host = crate::generate::host_rows(logits);
         let mut events = Vec::with_capacity(n);
         for (i, (w, s)) in batch.into_iter().zip(states).enumerate() {
-            let slot = self.free.pop().expect("n ≤ free slots");
+            let slot = self.free.pop().ok_or_else(|| {
+                ModelError::Input(
+                    "no free slot for an admitted request (engine bookkeeping broken)".into(),
+                )
+            })?;
             let max_context = w
                 .opts
                 .max_context
@@ -316,6 +320,10 @@ impl<'m> Engine<'m> {
     }
 
     /// One batched decode step over the running sequences.
+    #[allow(
+        clippy::expect_used,
+        reason = "a running sequence holds its prompt, and submit refuses empty prompts; convert::<i64>() makes the elements i64, so into_vec::<i64> cannot fail"
+    )]
     fn decode(&mut self) -> Result<Vec<Event>, ModelError> {
         let b = self.running.len();
         let size = self
@@ -394,6 +402,7 @@ impl<'m> Engine<'m> {
     }
 
     /// The captured step for padded size `size`, capturing it on first use.
+    #[allow(clippy::expect_used, reason = "the graph was pushed on the line above")]
     fn graph(&mut self, size: usize) -> Result<&mut StepGraph<'m>, ModelError> {
         if let Some(i) = self.graphs.iter().position(|g| g.size == size) {
             return Ok(&mut self.graphs[i]);
@@ -471,6 +480,10 @@ impl NemotronH {
     /// `prompts.len()` slots sized for the longest request, graphs where the device has them.
     /// Sequence `i` samples with seed `seed + i`. `on_token(i, token)` streams. Results equal
     /// generating each prompt alone.
+    #[allow(
+        clippy::expect_used,
+        reason = "every event's id is one of the requests submitted just above"
+    )]
     pub fn generate_batch(
         &self,
         prompts: &[Vec<u32>],

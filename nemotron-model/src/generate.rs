@@ -48,6 +48,10 @@ pub enum StopReason {
 }
 
 /// `[B, V]` logits on the host, flattened.
+#[allow(
+    clippy::expect_used,
+    reason = "convert::<f32>() makes the elements f32, so into_vec::<f32> cannot fail"
+)]
 pub fn host_rows(logits: Tensor<2>) -> Vec<f32> {
     logits
         .into_data()
@@ -57,6 +61,10 @@ pub fn host_rows(logits: Tensor<2>) -> Vec<f32> {
 }
 
 /// Row-wise argmax computed on the device; only `B` ids come back.
+#[allow(
+    clippy::expect_used,
+    reason = "convert::<i64>() makes the elements i64, so into_vec::<i64> cannot fail"
+)]
 pub fn device_argmax(logits: Tensor<2>) -> Vec<u32> {
     let idx = nemotron_kernels::ops::argmax_rows(logits);
     idx.into_data()
@@ -69,6 +77,10 @@ pub fn device_argmax(logits: Tensor<2>) -> Vec<u32> {
 }
 
 /// The last row of `[T, V]` logits on the host.
+#[allow(
+    clippy::expect_used,
+    reason = "convert::<f32>() makes the elements f32, so into_vec::<f32> cannot fail"
+)]
 pub fn last_row(logits: Tensor<2>) -> Vec<f32> {
     let [t, _] = logits.dims();
     logits
@@ -180,6 +192,10 @@ impl<'a> Generator<'a> {
         &self.history
     }
 
+    #[allow(
+        clippy::expect_used,
+        reason = "the history holds the prompt, and an empty prompt is refused when the generator is made"
+    )]
     fn step(&mut self) -> Result<Option<u32>, ModelError> {
         if self.stop.is_some() {
             return Ok(None);
@@ -288,6 +304,10 @@ impl NemotronH {
     }
 
     /// Generates after `prompt`, calling `on_token` for each new token as it is produced.
+    #[allow(
+        clippy::expect_used,
+        reason = "the token iterator ends only after it has set a stop reason"
+    )]
     pub fn generate(
         &self,
         prompt: &[u32],

@@ -21,6 +21,10 @@ use burn::tensor::{capture, Graph, Int, Tensor};
 impl NemotronH {
     /// Captures the step `ids [B, 1] → logits [B, vocab]` from `states` (warm-up runs included).
     /// `replay` then recomputes that same step; the returned graph borrows the model.
+    #[allow(
+        clippy::expect_used,
+        reason = "the ids and states were checked to pair up before capture"
+    )]
     pub fn capture_step(
         &self,
         ids: Tensor<2, Int>,

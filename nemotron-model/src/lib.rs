@@ -11,6 +11,9 @@
 //! let out = model.generate(&[1, 2, 3], GenerateOptions::default(), |tok| print!("{tok} "))?;
 //! # Ok::<(), nemotron_model::ModelError>(())
 //! ```
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod attention;
 pub mod block;

@@ -168,6 +168,10 @@ impl Moe {
     }
 
     /// Mixed-form experts: tokens grouped by expert on the host, f32 sum.
+    #[allow(
+        clippy::expect_used,
+        reason = "convert::<T>() makes the elements T, so into_vec::<T> cannot fail"
+    )]
     fn per_expert(&self, x: Tensor<2>, idx: Tensor<2, Int>, w: Tensor<2>) -> Tensor<2> {
         let Experts::PerExpert(experts) = &self.experts else {
             unreachable!("per_expert on stacked experts")

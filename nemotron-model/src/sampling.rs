@@ -60,6 +60,10 @@ impl Sampling {
 }
 
 /// Picks a token from one row of logits. `history` feeds the repetition penalty.
+#[allow(
+    clippy::expect_used,
+    reason = "filtered_probs always keeps the most likely candidate, so the list is never empty"
+)]
 pub fn pick(logits: &[f32], s: &Sampling, history: &[u32], rng: &mut u64) -> u32 {
     let mut l = logits.to_vec();
     if s.repetition_penalty != 1.0 {

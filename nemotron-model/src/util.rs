@@ -28,6 +28,10 @@ pub fn from_vec<const D: usize>(
 
 /// `Tensor::stack` along a new leading dim; one tensor is only reshaped (no copy kernel: the
 /// batch-1 decode path).
+#[allow(
+    clippy::expect_used,
+    reason = "ts holds exactly one tensor on this branch"
+)]
 pub fn stack<const D: usize, const D2: usize>(mut ts: Vec<Tensor<D>>) -> Tensor<D2> {
     if ts.len() == 1 {
         ts.pop().expect("one").unsqueeze::<D2>()

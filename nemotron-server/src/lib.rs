@@ -27,6 +27,9 @@
 //! server.wait();
 //! # Ok::<(), nemotron_server::ServerError>(())
 //! ```
+// Library code takes no panic from data: every unwrap/expect is an error, or allowed where it
+// stands with the invariant that makes it safe written beside it.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
 pub mod error;

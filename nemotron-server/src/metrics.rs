@@ -109,7 +109,9 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        encode(&mut s, &self.registry).expect("writing to a String does not fail");
+        if let Err(e) = encode(&mut s, &self.registry) {
+            s = format!("# metrics could not be encoded: {e}\n");
+        }
         s
     }
 }
