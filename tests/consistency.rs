@@ -82,9 +82,16 @@ fn ragged_batch_equals_single() {
 /// 100th position within the f32 band; the decode's greedy picks must equal the prefill's
 /// arg-max wherever the prefill's top two logits are apart by more than the band. Host and wgpu.
 fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
+    greedy_decode_drift(dev, burn::tensor::DType::F32, BAND);
+}
+
+/// Greedy decode of 1,000 tokens, one at a time through the cache, against one prefill over the
+/// same tokens: max |Δ| of the logits at every 100th position within `band` of the logit scale,
+/// and the same greedy pick wherever the prefill's top two differ by more than twice the band.
+/// Off the host it also prints each position's distance from the host's f32 prefill.
+fn greedy_decode_drift(dev: burn::tensor::Device, dtype: burn::tensor::DType, band: f32) {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 7);
-    let m = nemotron::model::NemotronH::load_as(dir.path(), &dev, burn::tensor::DType::F32)
-        .expect("tiny model loads");
+    let m = nemotron::model::NemotronH::load_as(dir.path(), &dev, dtype).expect("tiny model loads");
     let v = m.config().vocab_size;
     let argmax = |row: &[f32]| {
         row.iter()
@@ -108,13 +115,26 @@ fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
     }
     let mut s = m.new_state();
     let full = rows(m.forward_one(&toks[..1000], &mut s).unwrap());
+    let exact = (dtype != burn::tensor::DType::F32).then(|| {
+        let h = load_host(dir.path());
+        let mut s = h.new_state();
+        rows(h.forward_one(&toks[..1000], &mut s).unwrap())
+    });
     for p in (99..1000).step_by(100) {
         let want = &full[p * v..(p + 1) * v];
         let (d, scale) = diff(&dec[p], want);
-        eprintln!("position {}: max |Δ| {d:e} at logit scale {scale}", p + 1);
+        let vs_f32 = exact.as_ref().map_or(String::new(), |e| {
+            let (de, se) = diff(&dec[p], &e[p * v..(p + 1) * v]);
+            format!("; vs the host f32 prefill {:.3e} of {se}", de / se)
+        });
+        eprintln!(
+            "position {}: max |Δ| {d:e} at logit scale {scale} ({:.3e}){vs_f32}",
+            p + 1,
+            d / scale
+        );
         assert!(
-            d <= BAND * scale,
-            "position {}: max |Δ| {d} > {BAND} · {scale}",
+            d <= band * scale,
+            "position {}: max |Δ| {d} > {band} · {scale}",
             p + 1
         );
     }
@@ -123,7 +143,7 @@ fn greedy_decode_stays_on_prefill(dev: burn::tensor::Device) {
         let mut sorted = want.to_vec();
         sorted.sort_by(|a, b| b.total_cmp(a));
         let scale = want.iter().fold(0f32, |a, &x| a.max(x.abs()));
-        if sorted[0] - sorted[1] > 2.0 * BAND * scale {
+        if sorted[0] - sorted[1] > 2.0 * band * scale {
             assert_eq!(
                 argmax(row),
                 argmax(want),
@@ -145,4 +165,18 @@ fn wgpu_greedy_decode_of_1000_tokens_stays_on_prefill() {
     greedy_decode_stays_on_prefill(burn::tensor::Device::wgpu(
         burn::tensor::DeviceKind::DefaultDevice,
     ));
+}
+
+/// The CUDA bf16 drift over 1,000 tokens (issue 12, item 6): decode against a bf16 prefill over
+/// the same tokens, band 5e-2 of the logit scale (bf16 keeps 8 bits; both paths round
+/// differently at every layer), and each position's distance from the host's f32 prefill printed.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_bf16_greedy_decode_of_1000_tokens_drift() {
+    greedy_decode_drift(
+        burn::tensor::Device::cuda(0),
+        burn::tensor::DType::BF16,
+        5e-2,
+    );
 }

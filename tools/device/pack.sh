@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.device/release
 rm -rf .device && mkdir -p "$out/deps" "$out/examples"
-for t in ops engine slots decode_graph device_parity; do
+for t in ops engine slots decode_graph device_parity consistency; do
   f=$(ls -t target/release/deps/${t}-* 2>/dev/null | grep -v '\.d$' | head -n 1)
   [ -n "$f" ] || { echo "no test binary for $t" >&2; exit 1; }
   strip -o "$out/deps/$t" "$f"
