@@ -175,9 +175,12 @@ impl Checkpoint {
         let mut held: HashMap<String, HostTensor> = HashMap::with_capacity(order.len());
         let mut report = LoadReport::new(&recipe, &config, &shards);
         for (e, s) in order {
+            let shipped = e.dtype.clone().map_err(|d| {
+                LoadError::Internal(format!("`{}` has unchecked dtype {d}", e.name))
+            })?;
             let t = materialize(&shards, e, s)?;
             shards.release(e);
-            report.count_materialized(s, t.dtype, (e.end - e.start) as u64, t.bytes.len() as u64);
+            report.count_materialized(s, shipped, (e.end - e.start) as u64, t.bytes.len() as u64);
             held.insert(t.name.clone(), t);
             progress.tensors_done += 1;
             progress.bytes_done += (e.end - e.start) as u64;
