@@ -531,6 +531,18 @@ fn parse(st: &AppState, body: Result<Bytes, BytesRejection>, kind: Kind) -> Resu
             ),
         ));
     }
+    let hold = st.max_batch + st.max_queue;
+    if prompts.len() * n > hold {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} choices can never fit: this server holds {hold} sequences ({} slots + a queue of {})",
+                prompts.len() * n,
+                st.max_batch,
+                st.max_queue
+            ),
+        ));
+    }
     let c = st.context_length;
     let mut budget = usize::MAX;
     for (i, p) in prompts.iter().enumerate() {

@@ -140,6 +140,9 @@ pub fn run<'m>(
             }
         };
         metrics.decode_steps.inc();
+        // Before the tokens go out, so a client that has its last token sees the gauges after it.
+        metrics.queue_depth.set(engine.waiting() as i64);
+        metrics.batch_size.set(engine.running() as i64);
         for e in events {
             let Some(l) = live.get(&e.id) else { continue };
             let out = match (e.token, e.stop) {

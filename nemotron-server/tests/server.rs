@@ -329,6 +329,7 @@ fn bad_requests_are_refused_with_openai_errors() {
             "integer",
         ),
         (json!({"prompt": "hi", "n": 0}), "n", "n must be"),
+        (json!({"prompt": "hi", "n": 7}), "n", "never fit"),
         (json!({"prompt": "hi", "stop": 3}), "stop", "stop"),
         (json!({"prompt": "hi", "stop": [""]}), "stop", "non-empty"),
         (
