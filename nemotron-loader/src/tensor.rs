@@ -44,6 +44,8 @@ impl DType {
         })
     }
 
+    /// A dense float (BF16, F16, F32): what a dense linear or a widened tensor may ship as. FP8
+    /// and packed NVFP4 bytes are codes, not dense floats.
     pub fn is_float(self) -> bool {
         matches!(self, DType::BF16 | DType::F16 | DType::F32)
     }

@@ -1,0 +1,223 @@
+//! Edges the mutation run (`cargo mutants -p nemotron-loader`, docs/RELIABILITY.md §3) found
+//! untested: each test here fails on the mutant named in its comment.
+
+use nemotron_loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
+use nemotron_loader::{read_config, Checkpoint, LayerKind, LoadOptions, Plan};
+use serde_json::Value;
+use std::path::Path;
+
+fn checkpoint(recipe: SynthRecipe) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let opts = SynthOptions {
+        recipe,
+        seed: 9,
+        max_shard_bytes: 0,
+        misalign: false,
+    };
+    write_checkpoint(d.path(), &Geometry::tiny(), &opts).unwrap();
+    d
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(p, v.to_string()).unwrap();
+}
+
+fn config_error(dir: &Path) -> String {
+    read_config(dir).map(|_| ()).unwrap_err().to_string()
+}
+
+/// `count -> 1`; `min_tensors`' `== → !=` (it counted the non-MoE layers).
+#[test]
+fn layer_counts_and_the_tensor_bound_of_the_tiny_pattern() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let (cfg, _) = read_config(d.path()).unwrap();
+    assert_eq!(cfg.pattern(), "ME*M-E");
+    assert_eq!(cfg.count(LayerKind::Mamba), 2);
+    assert_eq!(cfg.count(LayerKind::Moe), 2);
+    assert_eq!(cfg.count(LayerKind::Attention), 1);
+    assert_eq!(cfg.count(LayerKind::Mlp), 1);
+    // 8 routed experts × 2 matrices × 2 MoE layers + 6 layer norms + the embeddings.
+    assert_eq!(Plan::min_tensors(&cfg), 8 * 2 * 2 + 6 + 1);
+}
+
+/// `&& → ||` in the routed_scaling_factor check.
+#[test]
+fn a_zero_or_negative_routed_scaling_factor_is_refused() {
+    for bad in [0.0, -2.5] {
+        let d = checkpoint(SynthRecipe::LightningMixed);
+        edit_config(d.path(), |v| v["routed_scaling_factor"] = bad.into());
+        let e = config_error(d.path());
+        assert!(e.contains("routed_scaling_factor"), "{bad}: {e}");
+    }
+}
+
+/// `> → >=` in `top_k > n_routed_experts`: every expert per token is a valid (dense) routing.
+#[test]
+fn top_k_equal_to_the_expert_count_is_accepted_and_one_more_is_not() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["n_group"] = 1.into();
+        v["topk_group"] = 1.into();
+        v["num_experts_per_tok"] = 8.into();
+    });
+    read_config(d.path()).unwrap();
+    edit_config(d.path(), |v| v["num_experts_per_tok"] = 9.into());
+    assert!(config_error(d.path()).contains("num_experts_per_tok"));
+}
+
+/// `|| → &&` in the bias check: `mlp_bias` must be refused when only MoE layers read it.
+#[test]
+fn mlp_bias_is_refused_without_mlp_layers() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["hybrid_override_pattern"] = "ME*ME".into();
+        v["num_hidden_layers"] = 5.into();
+        v["mlp_bias"] = true.into();
+    });
+    assert!(config_error(d.path()).contains("mlp_bias"));
+}
+
+/// `- → /` in the progress byte count: the last report covers every byte, tensor by tensor.
+#[test]
+fn load_progress_ends_at_its_totals() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let mut last = None;
+    let mut calls = 0;
+    let ck = Checkpoint::load_with(
+        d.path(),
+        LoadOptions {
+            progress: Some(Box::new(|p| {
+                calls += 1;
+                last = Some(p);
+            })),
+        },
+    )
+    .unwrap();
+    let p = last.expect("progress was reported");
+    assert_eq!(p.tensors_done, p.tensors_total);
+    assert_eq!(calls, p.tensors_total);
+    assert_eq!(p.bytes_done, p.bytes_total);
+    assert_eq!(
+        p.bytes_total,
+        ck.report.source_bytes - ck.report.deferred_bytes
+    );
+}
+
+/// `delete match arm Role::Fp8Weight in materialize`: a NaN in an FP8 weight is refused.
+#[test]
+fn a_nan_in_an_fp8_weight_is_refused() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let p = d.path().join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let (name, start) = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .find_map(|(k, v)| {
+            (v["dtype"] == "F8_E4M3" && k.ends_with(".weight"))
+                .then(|| (k.clone(), v["data_offsets"][0].as_u64().unwrap() as usize))
+        })
+        .expect("the MIXED recipe has FP8 weights");
+    let mut bytes = bytes;
+    bytes[8 + n + start + 3] = 0x7f; // E4M3 NaN
+    std::fs::write(&p, bytes).unwrap();
+    let e = Checkpoint::load(d.path())
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&name) && e.contains("NaN"), "{e}");
+}
+
+/// `delete field exclude` in `QuantRecipe::from_sources`: with both `config.json`'s
+/// `quantization_config` and `hf_quant_config.json`, modules either file excludes stay dense.
+#[test]
+fn exclusions_from_both_recipe_files_are_merged() {
+    let d = checkpoint(SynthRecipe::NanoNvfp4);
+    let hq: Value = serde_json::from_str(
+        &std::fs::read_to_string(d.path().join("hf_quant_config.json")).unwrap(),
+    )
+    .unwrap();
+    let mut q = hq["quantization"].clone();
+    q["quant_method"] = "modelopt".into();
+    // config.json's list lacks lm_head: only hf_quant_config.json keeps it dense.
+    let ex: Vec<Value> = q["exclude_modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| *m != "lm_head")
+        .cloned()
+        .collect();
+    q["exclude_modules"] = ex.into();
+    edit_config(d.path(), |v| v["quantization_config"] = q);
+    let (_, recipe) = read_config(d.path()).unwrap();
+    assert!(
+        recipe.is_excluded("lm_head"),
+        "hf_quant_config.json's exclusion was dropped"
+    );
+    Checkpoint::load(d.path()).unwrap();
+}
+
+/// `== → !=` in `unmatched_entries`: a MIXED entry naming no linear of the model is reported.
+#[test]
+fn a_recipe_entry_naming_no_linear_is_reported() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let p = d.path().join("hf_quant_config.json");
+    let mut hq: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    hq["quantization"]["quantized_layers"]["backbone.layers.0.mixer.in"] =
+        serde_json::json!({"quant_algo": "FP8"});
+    std::fs::write(&p, hq.to_string()).unwrap();
+    // config.json's copy of the recipe must agree with hf_quant_config.json.
+    edit_config(d.path(), |v| {
+        v.as_object_mut().unwrap().remove("quantization_config");
+    });
+    let ck = Checkpoint::load(d.path()).unwrap();
+    assert_eq!(
+        ck.report.unmatched_recipe_entries,
+        vec!["backbone.layers.0.mixer.in".to_string()]
+    );
+    assert!(ck.report.render().contains("name no linear"));
+}
+
+/// `/ → *` in the report's GiB figure.
+#[test]
+fn the_report_prints_host_bytes_in_gib() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let r = Checkpoint::load(d.path()).unwrap().report;
+    let want = format!(
+        "host {} ({:.3} GiB)",
+        r.host_bytes,
+        r.host_bytes as f64 / (1u64 << 30) as f64
+    );
+    assert!(r.render().contains(&want), "{}", r.render());
+}
+
+/// `is_float -> true`: the dense float dtypes, not the byte-coded ones.
+#[test]
+fn only_bf16_f16_f32_are_dense_floats() {
+    use nemotron_loader::DType;
+    assert!(DType::BF16.is_float() && DType::F16.is_float() && DType::F32.is_float());
+    assert!(!DType::U8.is_float() && !DType::F8E4M3.is_float());
+}
+
+/// `dequant_row -> ()`: a dense row comes back as stored (the packed forms are checked against
+/// the format goldens in `formats_modelopt.rs` through the same decoders).
+#[test]
+fn a_dense_row_dequantizes_to_its_values() {
+    use nemotron_loader::{DType, HostTensor, LinearWeight};
+    let vals = [1.5f32, -2.0, 0.25, 3.0, -0.5, 8.0];
+    let t = HostTensor {
+        name: "w".into(),
+        dtype: DType::F32,
+        shape: vec![2, 3],
+        bytes: vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let w = LinearWeight::Dense(t);
+    let mut row = vec![0f32; 3];
+    w.dequant_row(1, &mut row);
+    assert_eq!(row, vals[3..]);
+}
