@@ -33,8 +33,8 @@ struct Args {
     prompt_len: usize,
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
-    /// The model's vocabulary (prompt ids are drawn below it; read from /v1/models' server when
-    /// started here).
+    /// With --url: the served model's vocabulary (prompt ids are drawn below it). A server started
+    /// here reads it from the checkpoint's config.
     #[arg(long, default_value_t = 256)]
     vocab: usize,
     #[arg(long)]
@@ -116,7 +116,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             o.max_batch = a.max_batch.unwrap_or(max_clients);
             o.max_queue = max_clients * 2;
             o.context_length = a.context_length;
-            o.graphs = a.graphs == "on";
+            o.graphs = match a.graphs.as_str() {
+                "on" => true,
+                "off" => false,
+                x => return Err(format!("--graphs {x:?}: expected on or off").into()),
+            };
             let cfg = nemotron::loader::read_config(&dir)?.0;
             vocab = cfg.vocab_size;
             let t0 = Instant::now();

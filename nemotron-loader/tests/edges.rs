@@ -221,3 +221,62 @@ fn a_dense_row_dequantizes_to_its_values() {
     w.dequant_row(1, &mut row);
     assert_eq!(row, vals[3..]);
 }
+
+/// Shard 2 of the mutation sample: boundaries of the config checks.
+/// `norm_eps > 0 → >= 0`: an epsilon of 0 is refused, never taken.
+#[test]
+fn a_zero_norm_epsilon_is_refused() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        let o = v.as_object_mut().unwrap();
+        for k in ["layer_norm_epsilon", "norm_eps", "rms_norm_eps"] {
+            if o.contains_key(k) {
+                o.insert(k.into(), 0.0.into());
+            }
+        }
+    });
+    let e = config_error(d.path());
+    assert!(e.contains("eps"), "{e}");
+}
+
+/// `top_k > topk_group · group size → >=`: the bound itself is a valid routing.
+#[test]
+fn top_k_may_fill_the_selected_groups() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    // 8 experts in 2 groups of 4, 1 group selected: up to 4 experts per token.
+    edit_config(d.path(), |v| v["num_experts_per_tok"] = 4.into());
+    read_config(d.path()).unwrap();
+    edit_config(d.path(), |v| v["num_experts_per_tok"] = 5.into());
+    assert!(config_error(d.path()).contains("num_experts_per_tok"));
+}
+
+/// `delete !` in the null filters: a field present as `null` reads as absent.
+#[test]
+fn null_optional_fields_read_as_absent() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["moe_latent_size"] = Value::Null;
+        v["layers_block_type"] = Value::Null;
+    });
+    read_config(d.path()).unwrap();
+    edit_config(d.path(), |v| v["moe_latent_size"] = 1024.into());
+    assert!(config_error(d.path()).contains("moe_latent_size"));
+}
+
+/// `|| → &&` in the dt-limit check: `(0, None)` is no clamp, like `(0, inf)`.
+#[test]
+fn an_open_dt_limit_is_accepted_and_a_clamp_is_not() {
+    for open in [
+        serde_json::json!([0.0, null]),
+        serde_json::json!([0.0, "Infinity"]),
+    ] {
+        let d = checkpoint(SynthRecipe::LightningMixed);
+        edit_config(d.path(), |v| v["time_step_limit"] = open.clone());
+        read_config(d.path()).unwrap_or_else(|e| panic!("{open}: {e}"));
+    }
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["time_step_limit"] = serde_json::json!([0.0, 0.1])
+    });
+    assert!(config_error(d.path()).contains("time_step_limit"));
+}
