@@ -280,3 +280,19 @@ fn an_open_dt_limit_is_accepted_and_a_clamp_is_not() {
     });
     assert!(config_error(d.path()).contains("time_step_limit"));
 }
+
+/// `== → !=` in the exclusion key fallback: `hf_quant_config.json` spelling its list `ignore`
+/// (as some ModelOpt exports do) is read like `exclude_modules`.
+#[test]
+fn an_ignore_list_excludes_like_exclude_modules() {
+    let d = checkpoint(SynthRecipe::NanoNvfp4);
+    let p = d.path().join("hf_quant_config.json");
+    let mut hq: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let q = hq["quantization"].as_object_mut().unwrap();
+    let list = q.remove("exclude_modules").unwrap();
+    q.insert("ignore".into(), list);
+    std::fs::write(&p, hq.to_string()).unwrap();
+    let (_, recipe) = read_config(d.path()).unwrap();
+    assert!(recipe.is_excluded("lm_head"));
+    Checkpoint::load(d.path()).unwrap();
+}
