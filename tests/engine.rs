@@ -202,6 +202,15 @@ fn a_cancelled_request_frees_its_slot_for_the_next() {
     assert!(e.cancel(d), "d was waiting");
     assert!(!e.cancel(d), "d is gone already");
     assert_eq!((e.running(), e.waiting()), (1, 1));
+    // The freed slot takes the waiting request at the very next step (b is far from done).
+    for ev in e.step().unwrap() {
+        got.entry(ev.id.0).or_default().extend(ev.token);
+    }
+    assert_eq!(
+        (e.running(), e.waiting()),
+        (2, 0),
+        "the cancelled request's slot was not reused at once"
+    );
     e.run(|ev| {
         assert!(ev.id != a && ev.id != d, "an event after cancellation");
         got.entry(ev.id.0).or_default().extend(ev.token);
