@@ -142,7 +142,8 @@ fn main() {
 /// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
 /// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
 /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube), `threads=N` (the
-/// threads a widened grid aims for).
+/// threads a widened grid aims for), `fuse=on|off` (the conv inside the SSM step and the gated
+/// norm inside the FP8 `out_proj`; see `cube::set_fused`).
 fn apply_setting(t: &str) -> Res<()> {
     use nemotron::kernels::cube::attention::decode::{set_form, AttnForm};
     let num = |v: &str| -> Res<usize> {
@@ -157,6 +158,7 @@ fn apply_setting(t: &str) -> Res<()> {
     let mut inq = mma::FP8_INQ_MAX_ROWS;
     let mut form = AttnForm::Gqa;
     let mut tune = mma::MmaTuning::default();
+    let mut fused = true;
     let items: Vec<&str> = t.split(',').map(str::trim).collect();
     if items.iter().all(|i| !i.contains('=')) {
         let [rows, slots] = items[..] else {
@@ -198,6 +200,13 @@ fn apply_setting(t: &str) -> Res<()> {
                         v => return Err(format!("--mma-min pipe={v:?}: on or off").into()),
                     }
                 }
+                "fuse" => {
+                    fused = match v {
+                        "on" => true,
+                        "off" => false,
+                        v => return Err(format!("--mma-min fuse={v:?}: on or off").into()),
+                    }
+                }
                 "attn" => {
                     form = match v {
                         "gqa" => AttnForm::Gqa,
@@ -217,6 +226,7 @@ fn apply_setting(t: &str) -> Res<()> {
     mma::set_mma(m);
     mma::set_fp8_inq_max(inq);
     set_form(form);
+    nemotron::kernels::cube::set_fused(fused);
     mma::set_tuning(tune)?;
     Ok(())
 }

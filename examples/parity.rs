@@ -41,6 +41,10 @@ struct Args {
     /// ragged (the per-sequence cache `generate` uses) | slots (the decode engine's state slot)
     #[arg(long, default_value = "ragged")]
     decode_path: String,
+    /// auto (the library's size thresholds) | tiled (prefill's grouped-expert path from one
+    /// routing slot, sorted on the device, where it exists: bf16 on CUDA)
+    #[arg(long, default_value = "auto")]
+    prefill_kernels: String,
 }
 
 struct F32s(Vec<f32>, Vec<usize>);
@@ -87,7 +91,30 @@ fn host(t: Tensor<2>) -> Vec<f32> {
         .expect("f32 logits")
 }
 
+/// Applies `--prefill-kernels` (refused by name when unknown; `tiled` in a build without a cube
+/// backend, where no threshold exists, is refused rather than ignored).
+fn prefill_kernels(v: &str) -> Result<(), String> {
+    match v {
+        "auto" => Ok(()),
+        "tiled" => force_tiled(),
+        v => Err(format!("--prefill-kernels {v:?}: expected auto or tiled")),
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn force_tiled() -> Result<(), String> {
+    use nemotron::kernels::cube::{set_prefill_kernels, PrefillKernels};
+    set_prefill_kernels(PrefillKernels::Tiled);
+    Ok(())
+}
+
+#[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+fn force_tiled() -> Result<(), String> {
+    Err("--prefill-kernels tiled needs a build with the cuda or wgpu feature".into())
+}
+
 fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
+    prefill_kernels(&a.prefill_kernels)?;
     let m = NemotronH::load_as(&a.model, dev, dtype.burn()).map_err(|e| e.to_string())?;
     // The dtype the model's tensors hold, not the one asked for: a mismatch must show.
     println!(

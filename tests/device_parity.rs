@@ -327,6 +327,22 @@ mod cuda {
             Band::HfBf16Worst(1.5),
         );
     }
+    /// The same fixtures through prefill's grouped-expert path from one routing slot, its slots
+    /// sorted on the device (`parity --prefill-kernels tiled`): at their few tokens the fixtures
+    /// otherwise run the slot-major experts. Process-wide thresholds: run with one test thread.
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_bf16_matches_hf_tiled() {
+        use nemotron::kernels::cube::{set_prefill_kernels, PrefillKernels};
+        set_prefill_kernels(PrefillKernels::Tiled);
+        super::hf_fixtures_match(
+            &dev(),
+            DType::BF16,
+            Band::HfBf16(BF16_DRIFTS),
+            Band::HfBf16Worst(1.5),
+        );
+        set_prefill_kernels(PrefillKernels::Auto);
+    }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_bf16_band_is_armed() {

@@ -315,13 +315,22 @@ fn conv_step<F: HostPrimitive, I: HostPrimitive>(
     weight: F,
     bias: Option<F>,
     pool: F,
+    lens: I,
     slots: I,
 ) -> (F, F) {
     let (x, shape) = x.floats();
     let (w, wshape) = weight.floats();
     let bias = bias.map(|b| b.floats().0);
     let (mut p, pshape) = pool.floats();
-    let y = reference::conv_step(&x, &w, wshape[1], bias.as_deref(), &mut p, &slots.ints());
+    let y = reference::conv_step(
+        &x,
+        &w,
+        wshape[1],
+        bias.as_deref(),
+        &mut p,
+        &lens.ints(),
+        &slots.ints(),
+    );
     (from_floats(y, shape), from_floats(p, pshape))
 }
 
@@ -367,6 +376,47 @@ fn ssm_step<F: HostPrimitive, I: HostPrimitive>(
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The fused-row form: each row's `q | k | v` split on the host, then [`attention_step`]'s
+/// reference.
+#[allow(clippy::too_many_arguments)]
+fn attention_step_qkv<F: HostPrimitive, I: HostPrimitive>(
+    qkv: F,
+    heads: usize,
+    kpool: F,
+    vpool: F,
+    lens: I,
+    slots: I,
+    scale: f32,
+) -> (F, F, F) {
+    let (x, shape) = qkv.floats();
+    let (mut kp, pshape) = kpool.floats();
+    let mut vp = vpool.floats().0;
+    let (kvh, hd) = (pshape[1], pshape[3]);
+    let (qw, kw) = (heads * hd, kvh * hd);
+    let part = |from: usize, len: usize| -> Vec<f32> {
+        x.chunks(shape[1])
+            .flat_map(|r| r[from..from + len].iter().copied())
+            .collect()
+    };
+    let (q, k, v) = (part(0, qw), part(qw, kw), part(qw + kw, kw));
+    let o = reference::attention_step(
+        &q,
+        &k,
+        &v,
+        &mut kp,
+        &mut vp,
+        &lens.ints(),
+        &slots.ints(),
+        (heads, kvh, hd, pshape[2]),
+        scale,
+    );
+    (
+        from_floats(o, vec![shape[0], heads, hd]),
+        from_floats(kp, pshape.clone()),
+        from_floats(vp, pshape),
+    )
+}
+
 fn attention_step<F: HostPrimitive, I: HostPrimitive>(
     q: F,
     k: F,
@@ -479,6 +529,17 @@ macro_rules! host_backend {
             ) {
                 split3(nvfp4_linear::<$b>(x, w, Rows::Each, Epilogue::None), widths)
             }
+            fn fp8_gated_linear(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                gate: burn::backend::tensor::FloatTensor<Self>,
+                norm_weight: burn::backend::tensor::FloatTensor<Self>,
+                groups: usize,
+                eps: f64,
+                w: Fp8Weights<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                let u = rms_norm(x, Some(gate), norm_weight, groups, eps);
+                fp8_linear::<$b>(u, w, Rows::Each, Epilogue::None)
+            }
             fn fp8_linear3(
                 x: burn::backend::tensor::FloatTensor<Self>,
                 w: Fp8Weights<Self>,
@@ -579,12 +640,45 @@ macro_rules! host_backend {
                 weight: burn::backend::tensor::FloatTensor<Self>,
                 bias: Maybe<Self>,
                 pool: burn::backend::tensor::FloatTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
                 slots: burn::backend::tensor::IntTensor<Self>,
             ) -> (
                 burn::backend::tensor::FloatTensor<Self>,
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
-                conv_step(x, weight, bias.into_option(), pool, slots)
+                conv_step(x, weight, bias.into_option(), pool, lens, slots)
+            }
+            fn conv_ssm_step(
+                xbc: burn::backend::tensor::FloatTensor<Self>,
+                dt: burn::backend::tensor::FloatTensor<Self>,
+                conv_weight: burn::backend::tensor::FloatTensor<Self>,
+                conv_bias: Maybe<Self>,
+                dt_bias: burn::backend::tensor::FloatTensor<Self>,
+                a: burn::backend::tensor::FloatTensor<Self>,
+                d: burn::backend::tensor::FloatTensor<Self>,
+                conv_pool: burn::backend::tensor::FloatTensor<Self>,
+                ssm_pool: burn::backend::tensor::FloatTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                dims: ScanDims,
+                dt_min: Option<f32>,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                // The two ops, so the conv output is rounded to the activation dtype between
+                // them as the separate ops store it.
+                let (xbc, cp) = conv_step(
+                    xbc,
+                    conv_weight,
+                    conv_bias.into_option(),
+                    conv_pool,
+                    lens,
+                    slots.clone(),
+                );
+                let (y, sp) = ssm_step(xbc, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
+                (y, cp, sp)
             }
             fn ssm_step(
                 xbc: burn::backend::tensor::FloatTensor<Self>,
@@ -617,6 +711,21 @@ macro_rules! host_backend {
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
                 attention_step(q, k, v, kpool, vpool, lens, slots, scale)
+            }
+            fn attention_step_qkv(
+                qkv: burn::backend::tensor::FloatTensor<Self>,
+                heads: usize,
+                kpool: burn::backend::tensor::FloatTensor<Self>,
+                vpool: burn::backend::tensor::FloatTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                scale: f32,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                attention_step_qkv(qkv, heads, kpool, vpool, lens, slots, scale)
             }
             fn argmax_rows(
                 x: burn::backend::tensor::FloatTensor<Self>,

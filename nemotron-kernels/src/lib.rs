@@ -227,6 +227,19 @@ pub trait NemotronOps: Backend {
         epilogue: Epilogue,
     ) -> FloatTensor<Self>;
 
+    /// Mamba2's output: `fp8_linear(rms_norm(x, gate, norm_weight, groups, eps), w)`, in one
+    /// launch where the backend can (CubeCL on CUDA, one bf16 row: the FP8 tensor-core kernel
+    /// computes the norm in its prologue before quantizing); the values of the two ops up to the
+    /// order of the norm's `Σ u²`.
+    fn fp8_gated_linear(
+        x: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        norm_weight: FloatTensor<Self>,
+        groups: usize,
+        eps: f64,
+        #[extension_type] w: Fp8Weights<Self>,
+    ) -> FloatTensor<Self>;
+
     /// The residual add and the next pre-norm in one: `s = x + y` (rounded to the activation
     /// dtype, as a separate add would), `h = RMSNorm(s) · weight` with f32 statistics over the
     /// whole row (`[R, H]` each). Returns `(s, h)`.
@@ -329,15 +342,40 @@ pub trait NemotronOps: Backend {
     // from step to step. A negative slot marks a pad row: zeros out, nothing written.
 
     /// The causal conv for one token per row: `x` `[B, C]`, `weight` `[C, K]`, the state of row
-    /// `b` in `pool[slots[b]]` (`[S, C, K-1]`, oldest first), shifted by one in place.
-    /// Returns `(y [B, C], pool)`.
+    /// `b` in `pool[slots[b]]` (`[S, C, K]`, a ring: with `L = lens[slot]` tokens before this
+    /// one, the input of time `t` sits at `t mod K`), the new input written at `L mod K` in place
+    /// (`lens` is read, not advanced). A ring of `K` rather than a shifted window of `K − 1`
+    /// lets one launch read a channel's window while another cube writes its newest entry, which
+    /// is what fusing the conv into the SSM step needs. Returns `(y [B, C], pool)`.
     fn conv_step(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         #[extension_type] bias: Maybe<Self>,
         pool: FloatTensor<Self>,
+        lens: IntTensor<Self>,
         slots: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// [`Self::conv_step`] then [`Self::ssm_step`] on its output, in one launch where the backend
+    /// can (CubeCL: each SSM cube convolves the channels it reads, the group's `B`/`C` once per
+    /// cube into shared memory); the same values as the two ops. `xbc` `[B, H·P + 2·G·N]` is the
+    /// raw `in_proj` part. Returns `(y [B, H, P], conv pool, ssm pool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_ssm_step(
+        xbc: FloatTensor<Self>,
+        dt: FloatTensor<Self>,
+        conv_weight: FloatTensor<Self>,
+        #[extension_type] conv_bias: Maybe<Self>,
+        dt_bias: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+        conv_pool: FloatTensor<Self>,
+        ssm_pool: FloatTensor<Self>,
+        lens: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// The selective scan for one token per row, reading its inputs where the conv step left
     /// them: `xbc` `[B, H·P + 2·G·N]` = `x | B | C` (`dims`), `dt` `[B, H]` raw — the op applies
@@ -367,6 +405,20 @@ pub trait NemotronOps: Backend {
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
+        kpool: FloatTensor<Self>,
+        vpool: FloatTensor<Self>,
+        lens: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// [`Self::attention_step`] with `q | k | v` as one projection row per token: `qkv`
+    /// `[B, (heads + 2·KVH)·D]` (the layout of a fused q/k/v linear), read in place on device
+    /// backends (no slicing copies). Returns `(o [B, heads, D], kpool, vpool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_step_qkv(
+        qkv: FloatTensor<Self>,
+        heads: usize,
         kpool: FloatTensor<Self>,
         vpool: FloatTensor<Self>,
         lens: IntTensor<Self>,

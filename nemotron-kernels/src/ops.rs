@@ -214,6 +214,39 @@ pub fn fp8_linear(x: Tensor<2>, w: &Fp8Weights<D>, epilogue: Epilogue) -> Tensor
     ))
 }
 
+/// `fp8_linear(rms_norm(x, Some(gate), norm_weight, groups, eps), w)` (Mamba2's gated output
+/// norm then an FP8 `out_proj`), one launch where the backend can (see
+/// [`NemotronOps::fp8_gated_linear`]).
+pub fn fp8_gated_linear(
+    x: Tensor<2>,
+    gate: Tensor<2>,
+    norm_weight: Tensor<1>,
+    groups: usize,
+    eps: f64,
+    w: &Fp8Weights<D>,
+) -> Tensor<2> {
+    let [r, h] = x.dims();
+    assert!(
+        groups > 0 && h % groups == 0,
+        "fp8_gated_linear: {groups} groups do not divide {h} channels"
+    );
+    assert_eq!(gate.dims(), [r, h], "fp8_gated_linear: gate shape");
+    assert_eq!(
+        norm_weight.dims(),
+        [h],
+        "fp8_gated_linear: norm weight for {h} channels"
+    );
+    check_rows("fp8_gated_linear", &x, w.shape, None);
+    out(<D as NemotronOps>::fp8_gated_linear(
+        x.into_dispatch(),
+        gate.into_dispatch(),
+        norm_weight.into_dispatch(),
+        groups,
+        eps,
+        w.clone(),
+    ))
+}
+
 /// Routed-expert FP8 W8A8 linear (each slot quantizes with its expert's input scale).
 pub fn fp8_expert_linear(
     x: Tensor<2>,
@@ -468,29 +501,114 @@ pub fn selective_scan(
 // Decode over state slots (see the trait's docs). Pools are passed by value and returned: on
 // device backends the returned pool is the same buffer, written in place; callers store it back.
 
-/// The causal conv for one token per row over slot states: `x` `[B, C]`, `pool` `[S, C, K-1]`.
+/// The causal conv for one token per row over slot states: `x` `[B, C]`, `pool` `[S, C, K]` (a
+/// ring, see [`NemotronOps::conv_step`]), `lens` `[S]` the tokens before this one.
 pub fn conv_step(
     x: Tensor<2>,
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
     pool: Tensor<3>,
+    lens: &Tensor<1, Int>,
     slots: &Tensor<1, Int>,
 ) -> (Tensor<2>, Tensor<3>) {
-    let ([b, c], [wc, k], [_, pc, pk]) = (x.dims(), weight.dims(), pool.dims());
+    let ([b, c], [wc, k], [s, pc, pk]) = (x.dims(), weight.dims(), pool.dims());
     assert!(
-        wc == c && pc == c && pk + 1 == k,
+        wc == c && pc == c && pk == k,
         "conv_step: x [{b}, {c}], weight [{wc}, {k}], pool [_, {pc}, {pk}]"
     );
     assert_eq!(slots.dims(), [b], "conv_step: one slot per row");
+    assert_eq!(lens.dims(), [s], "conv_step: one length per slot");
     let bias: Maybe<D> = bias.map(|b| b.into_dispatch()).into();
     let (y, p) = <D as NemotronOps>::conv_step(
         x.into_dispatch(),
         weight.into_dispatch(),
         bias,
         pool.into_dispatch(),
+        lens.clone().into_dispatch(),
         slots.clone().into_dispatch(),
     );
     (out(y), out(p))
+}
+
+/// Weights of a Mamba layer's decode step: the conv's `[C, K]` and bias, and the scan's
+/// `dt_bias`, `A`, `D` (`[H]` each).
+pub struct MambaStepWeights<'a> {
+    pub conv_weight: &'a Tensor<2>,
+    pub conv_bias: Option<&'a Tensor<1>>,
+    pub dt_bias: &'a Tensor<1>,
+    pub a: &'a Tensor<1>,
+    pub d: &'a Tensor<1>,
+}
+
+/// [`conv_step`] and [`ssm_step`] in one launch on CubeCL backends (see
+/// [`NemotronOps::conv_ssm_step`]): `xbc` `[B, H·P + 2·G·N]` raw from `in_proj`, `dt` `[B, H]`
+/// raw; the conv ring `[S, C, K]` and the SSM pool `[S, H, P, N]` f32, both updated in place.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_ssm_step(
+    xbc: Tensor<2>,
+    dt: Tensor<2>,
+    w: MambaStepWeights<'_>,
+    conv_pool: Tensor<3>,
+    ssm_pool: Tensor<4>,
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (Tensor<3>, Tensor<3>, Tensor<4>) {
+    let ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    } = dims;
+    let [rows, width] = xbc.dims();
+    let ([wc, k], [s, pc, pk]) = (w.conv_weight.dims(), conv_pool.dims());
+    assert!(
+        g > 0 && h % g == 0,
+        "conv_ssm_step: {g} groups for {h} heads"
+    );
+    assert_eq!(
+        width,
+        h * p + 2 * g * n,
+        "conv_ssm_step: xbc width for {dims:?}"
+    );
+    assert!(
+        wc == width && pc == width && pk == k && k >= 1,
+        "conv_ssm_step: xbc [{rows}, {width}], conv weight [{wc}, {k}], pool [_, {pc}, {pk}]"
+    );
+    assert_eq!(dt.dims(), [rows, h], "conv_ssm_step: dt shape");
+    for (name, t) in [("dt_bias", w.dt_bias), ("a", w.a), ("d", w.d)] {
+        assert_eq!(t.dims(), [h], "conv_ssm_step: {name} for {h} heads");
+    }
+    let [ss, ph, pp, pn] = ssm_pool.dims();
+    assert!(
+        ss == s && ph == h && pp == p && pn == n,
+        "conv_ssm_step: ssm pool shape"
+    );
+    assert_eq!(
+        ssm_pool.dtype(),
+        DType::F32,
+        "conv_ssm_step: the SSM state is f32"
+    );
+    assert_eq!(slots.dims(), [rows], "conv_ssm_step: one slot per row");
+    assert_eq!(lens.dims(), [s], "conv_ssm_step: one length per slot");
+    let bias: Maybe<D> = w.conv_bias.map(|b| b.clone().into_dispatch()).into();
+    let (y, cp, sp) = <D as NemotronOps>::conv_ssm_step(
+        xbc.into_dispatch(),
+        dt.into_dispatch(),
+        w.conv_weight.clone().into_dispatch(),
+        bias,
+        w.dt_bias.clone().into_dispatch(),
+        w.a.clone().into_dispatch(),
+        w.d.clone().into_dispatch(),
+        conv_pool.into_dispatch(),
+        ssm_pool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        dims,
+        dt_min,
+    );
+    (out(y), out(cp), out(sp))
 }
 
 /// The selective scan for one token per row over slot states, straight from the conv step's
@@ -537,6 +655,42 @@ pub fn ssm_step(
         dt_min,
     );
     (out(y), out(s))
+}
+
+/// [`attention_step`] reading `q | k | v` from one fused projection row per token: `qkv`
+/// `[B, (heads + 2·KVH)·D]`, pools `[S, KVH, cap, D]`, `lens` `[S]`.
+pub fn attention_step_qkv(
+    qkv: Tensor<2>,
+    heads: usize,
+    kpool: Tensor<4>,
+    vpool: Tensor<4>,
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    scale: f32,
+) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
+    let [b, w] = qkv.dims();
+    let [s, kvh, _, hd] = kpool.dims();
+    assert!(
+        kvh > 0 && heads % kvh == 0 && w == (heads + 2 * kvh) * hd,
+        "attention_step_qkv: qkv [{b}, {w}] for {heads} heads, pool [{s}, {kvh}, _, {hd}]"
+    );
+    assert_eq!(
+        vpool.dims(),
+        kpool.dims(),
+        "attention_step_qkv: V pool shape"
+    );
+    assert_eq!(slots.dims(), [b], "attention_step_qkv: one slot per row");
+    assert_eq!(lens.dims(), [s], "attention_step_qkv: one length per slot");
+    let (o, kp, vp) = <D as NemotronOps>::attention_step_qkv(
+        qkv.into_dispatch(),
+        heads,
+        kpool.into_dispatch(),
+        vpool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        scale,
+    );
+    (out(o), out(kp), out(vp))
 }
 
 /// GQA attention for one token per row over slot KV caches (appends `k`, `v` at each slot's

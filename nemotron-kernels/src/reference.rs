@@ -417,7 +417,8 @@ pub fn dt_softplus(dt: &[f32], bias: &[f32], min: Option<f32>) -> Vec<f32> {
 }
 
 /// One decode token per row through the conv with its state held in a slot pool
-/// (see [`crate::NemotronOps::conv_step`]): `x` `[B, C]`, `pool` `[S, C, K-1]` updated in place,
+/// (see [`crate::NemotronOps::conv_step`]): `x` `[B, C]`, `pool` `[S, C, K]` a ring updated in
+/// place (the input of time `t` at `t mod K`; `lens[slot]` tokens precede this one),
 /// `slots[b]` the row's slot (negative: a pad row, output zeros, pool untouched).
 pub fn conv_step(
     x: &[f32],
@@ -425,6 +426,7 @@ pub fn conv_step(
     k: usize,
     bias: Option<&[f32]>,
     pool: &mut [f32],
+    lens: &[i64],
     slots: &[i64],
 ) -> Vec<f32> {
     let c = weight.len() / k;
@@ -435,18 +437,17 @@ pub fn conv_step(
             continue;
         }
         let s = s as usize;
+        let len = lens[s] as usize;
         for ch in 0..c {
-            let st = &mut pool[(s * c + ch) * km1..][..km1];
+            let ring = &mut pool[(s * c + ch) * k..][..k];
             let mut acc = bias.map_or(0.0, |bb| bb[ch]);
+            // Time `len − (K−1) + kk` sits at `(len + 1 + kk) mod K`.
             for kk in 0..km1 {
-                acc += weight[ch * k + kk] * st[kk];
+                acc += weight[ch * k + kk] * ring[(len + 1 + kk) % k];
             }
             acc += weight[ch * k + km1] * x[b * c + ch];
             y[b * c + ch] = silu(acc);
-            st.rotate_left(1.min(km1));
-            if km1 > 0 {
-                st[km1 - 1] = x[b * c + ch];
-            }
+            ring[len % k] = x[b * c + ch];
         }
     }
     y

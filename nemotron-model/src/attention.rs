@@ -12,11 +12,17 @@ use nemotron_loader::AttentionWeights;
 /// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
 const MASKED: f32 = -1.0e30;
 
+/// The q/k/v projections: dense weights stacked into one `[(NH + 2·KVH)·D, hidden]` matrix (one
+/// launch for the three, and decode attention reads its row in place), other forms apart.
+#[derive(Debug, Clone)]
+enum Qkv {
+    Fused(Linear),
+    Separate { q: Linear, k: Linear, v: Linear },
+}
+
 #[derive(Debug, Clone)]
 pub struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: Qkv,
     o: Linear,
     heads: usize,
     kv_heads: usize,
@@ -36,10 +42,19 @@ impl Attention {
         dtype: DType,
         rope_theta: Option<f32>,
     ) -> Self {
+        let (q, k, v) = (
+            Linear::from_weight(w.q, dev, dtype),
+            Linear::from_weight(w.k, dev, dtype),
+            Linear::from_weight(w.v, dev, dtype),
+        );
+        let qkv = match (q, k, v) {
+            (Linear::Dense(q), Linear::Dense(k), Linear::Dense(v)) => Qkv::Fused(Linear::Dense(
+                ops::contiguous(Tensor::cat(vec![q, k, v], 0)),
+            )),
+            (q, k, v) => Qkv::Separate { q, k, v },
+        };
         Attention {
-            q: Linear::from_weight(w.q, dev, dtype),
-            k: Linear::from_weight(w.k, dev, dtype),
-            v: Linear::from_weight(w.v, dev, dtype),
+            qkv,
             o: Linear::from_weight(w.o, dev, dtype),
             heads: cfg.num_heads,
             kv_heads: cfg.num_kv_heads,
@@ -84,18 +99,21 @@ impl Attention {
         let SlotLayer::Attention { k: kpool, v: vpool } = pools else {
             panic!("an attention layer's slots hold {pools:?}")
         };
-        let q = self
-            .q
-            .forward(h.clone(), Epilogue::None)
-            .reshape([bsz, nh, hd]);
-        let k = self
-            .k
-            .forward(h.clone(), Epilogue::None)
-            .reshape([bsz, kvh, hd]);
-        let v = self.v.forward(h, Epilogue::None).reshape([bsz, kvh, hd]);
         let scale = (hd as f64).powf(-0.5) as f32;
-        let (o, kp, vp) =
-            ops::attention_step(q, k, v, kpool.clone(), vpool.clone(), lens, slots, scale);
+        let (o, kp, vp) = match &self.qkv {
+            Qkv::Fused(w) => {
+                let y = w
+                    .forward(h, Epilogue::None)
+                    .reshape([bsz, (nh + 2 * kvh) * hd]);
+                ops::attention_step_qkv(y, nh, kpool.clone(), vpool.clone(), lens, slots, scale)
+            }
+            Qkv::Separate { q, k, v } => {
+                let q = q.forward(h.clone(), Epilogue::None).reshape([bsz, nh, hd]);
+                let k = k.forward(h.clone(), Epilogue::None).reshape([bsz, kvh, hd]);
+                let v = v.forward(h, Epilogue::None).reshape([bsz, kvh, hd]);
+                ops::attention_step(q, k, v, kpool.clone(), vpool.clone(), lens, slots, scale)
+            }
+        };
         *kpool = kp;
         *vpool = vp;
         self.o.forward(o.reshape([bsz, 1, nh * hd]), Epilogue::None)
@@ -123,9 +141,22 @@ impl Attention {
         let dev = h.device();
         let dtype = h.dtype();
         let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let q = self.q.forward(h.clone(), Epilogue::None);
-        let k = self.k.forward(h.clone(), Epilogue::None);
-        let v = self.v.forward(h, Epilogue::None);
+        let (q, k, v) = match &self.qkv {
+            Qkv::Fused(w) => {
+                let y = w.forward(h, Epilogue::None);
+                let (a, b) = (nh * hd, (nh + kvh) * hd);
+                (
+                    y.clone().slice_dim(2, 0..a),
+                    y.clone().slice_dim(2, a..b),
+                    y.slice_dim(2, b..b + kvh * hd),
+                )
+            }
+            Qkv::Separate { q, k, v } => (
+                q.forward(h.clone(), Epilogue::None),
+                k.forward(h.clone(), Epilogue::None),
+                v.forward(h, Epilogue::None),
+            ),
+        };
         let scale = (hd as f64).powf(-0.5);
         let mut outs = Vec::with_capacity(bsz);
         for (b, st) in states.iter_mut().enumerate() {

@@ -118,7 +118,7 @@ impl Block {
         let [b, _, hid] = h.dims();
         let rows = |y: Tensor<3>| MoeOut::Combined(y.reshape([b, hid]));
         match &self.mixer {
-            Mixer::Mamba(m) => rows(m.step(h, pools, slots)),
+            Mixer::Mamba(m) => rows(m.step(h, pools, lens, slots)),
             Mixer::Moe(m) => m.forward_parts(h),
             Mixer::Attention(a) => rows(a.step(h, pools, lens, slots)),
             Mixer::Mlp(m) => rows(m.forward(h)),

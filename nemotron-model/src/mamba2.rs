@@ -90,14 +90,14 @@ impl Mamba2 {
         }
     }
 
-    /// Zero state pools for `slots` sequences: conv `[S, C, K-1]` in the activation dtype, SSM
-    /// `[S, H, P, N]` f32.
+    /// Zero state pools for `slots` sequences: the conv ring `[S, C, K]` in the activation
+    /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32.
     pub fn new_slots(&self, slots: usize) -> SlotLayer {
         let c = &self.cfg;
         let dev = self.a.device();
         SlotLayer::Mamba {
             conv: ops::contiguous(Tensor::zeros(
-                [slots, c.conv_dim(), c.conv_kernel - 1],
+                [slots, c.conv_dim(), c.conv_kernel],
                 (&dev, self.a.dtype()),
             )),
             ssm: ops::contiguous(Tensor::zeros(
@@ -108,8 +108,15 @@ impl Mamba2 {
     }
 
     /// One token per row over slot states: `h` `[B, 1, hidden]`; row `b`'s state is slot
-    /// `slots[b]` of `pools` (updated in place on device backends); negative slots are pad rows.
-    pub fn step(&self, h: Tensor<3>, pools: &mut SlotLayer, slots: &Tensor<1, Int>) -> Tensor<3> {
+    /// `slots[b]` of `pools` (updated in place on device backends), `lens[slot]` tokens before
+    /// this one; negative slots are pad rows.
+    pub fn step(
+        &self,
+        h: Tensor<3>,
+        pools: &mut SlotLayer,
+        lens: &Tensor<1, Int>,
+        slots: &Tensor<1, Int>,
+    ) -> Tensor<3> {
         let c = &self.cfg;
         let [bsz, _, _] = h.dims();
         let (i, conv, nh, g, n, p) = (
@@ -126,32 +133,44 @@ impl Mamba2 {
         let [z, xbc, dt] = self.in_proj.forward3(h, [i, conv, nh]);
         let xbc: Tensor<2> = xbc.reshape([bsz, conv]);
         let dt: Tensor<2> = dt.reshape([bsz, nh]);
-        let (xbc, cp) = ops::conv_step(
-            xbc,
-            self.conv_weight.clone(),
-            self.conv_bias.clone(),
-            cpool.clone(),
-            slots,
-        );
-        *cpool = cp;
         let dims = ScanDims {
             heads: nh,
             head_dim: p,
             groups: g,
             state: n,
         };
-        let (y, sp) = ops::ssm_step(
+        let weights = ops::MambaStepWeights {
+            conv_weight: &self.conv_weight,
+            conv_bias: self.conv_bias.as_ref(),
+            dt_bias: &self.dt_bias,
+            a: &self.a,
+            d: &self.d,
+        };
+        let (y, cp, sp) = ops::conv_ssm_step(
             xbc,
             dt,
-            self.dt_bias.clone(),
-            self.a.clone(),
-            self.d.clone(),
+            weights,
+            cpool.clone(),
             ssm.clone(),
+            lens,
             slots,
             dims,
             self.dt_min,
         );
-        *ssm = sp;
+        (*cpool, *ssm) = (cp, sp);
+        if let Linear::Fp8(w) = &self.out_proj {
+            // The gated norm inside `out_proj`'s launch where the backend can.
+            let n = &self.norm;
+            let y = ops::fp8_gated_linear(
+                y.reshape([bsz, i]),
+                z.reshape([bsz, i]),
+                n.weight.clone(),
+                n.groups,
+                n.eps,
+                w,
+            );
+            return y.reshape([bsz, 1, self.out_proj.out_features()]);
+        }
         let u = self.norm.forward(y.reshape([bsz, 1, i]), z);
         self.out_proj.forward(u, Epilogue::None)
     }

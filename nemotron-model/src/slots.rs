@@ -1,5 +1,5 @@
-//! Decode state in fixed slots: every layer's state for `S` sequences allocated once — conv
-//! `[S, C, K-1]` and f32 SSM `[S, H, P, N]` per Mamba layer, K/V `[S, KVH, capacity, D]` per
+//! Decode state in fixed slots: every layer's state for `S` sequences allocated once — a conv
+//! ring `[S, C, K]` and f32 SSM `[S, H, P, N]` per Mamba layer, K/V `[S, KVH, capacity, D]` per
 //! attention layer — plus each slot's length on the device. A decode step reads the token ids and
 //! the slot of each row from device tensors and updates the pools and lengths in place (on device
 //! backends), so one captured step replays correctly from step to step; pad rows carry slot −1.
@@ -133,10 +133,9 @@ impl NemotronH {
         for (pools, state) in st.layers.iter_mut().zip(&seq.layers) {
             match (pools, state) {
                 (SlotLayer::Mamba { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
-                    let [ch, km1] = c.dims();
                     *conv = ops::write_slot(
                         conv.clone().unsqueeze_dim::<4>(3),
-                        c.clone().reshape([ch, km1, 1]),
+                        conv_ring(c.clone(), seq.position).unsqueeze_dim(2),
                         slot,
                     )
                     .squeeze_dim(3);
@@ -199,4 +198,27 @@ impl NemotronH {
         st.lens = ops::advance_lens(st.lens.clone(), slots);
         self.lm_head().forward(h, Epilogue::None)
     }
+}
+
+/// A prefilled conv state `[C, K-1]` (oldest first, the inputs of times `len − K + 1 … len − 1`)
+/// as the slot's ring `[C, K]`: time `t` at `t mod K` (the entry of `len mod K`, free, zero).
+fn conv_ring(state: Tensor<2>, len: usize) -> Tensor<2> {
+    let [c, km1] = state.dims();
+    let k = km1 + 1;
+    let dev = state.device();
+    let zero = Tensor::zeros([c, 1], (&dev, state.dtype()));
+    // Column `j` of `[state | 0]` holds time `len − (K−1) + j`, which belongs at
+    // `(len + 1 + j) mod K`: a rotation right by `(len + 1) mod K`.
+    let full = Tensor::cat(vec![state, zero], 1);
+    let r = (len + 1) % k;
+    if r == 0 {
+        return full;
+    }
+    Tensor::cat(
+        vec![
+            full.clone().slice_dim(1, k - r..k),
+            full.slice_dim(1, 0..k - r),
+        ],
+        1,
+    )
 }

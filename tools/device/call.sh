@@ -9,6 +9,11 @@
 #                CUDA test binaries whole
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
+#   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
+#                the 10,922 tokens that crashed the slot-major expert grid), 8 decode steps
+#   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
+#   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
+#                the second needs .whl/ carried: tools/mamba_peer/build.sh)
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level)
@@ -57,6 +62,22 @@ while [ $# -gt 0 ]; do
     bN) bench engine_bN.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 64 --repeats 1 --no-hf --mma-min "$1"
         shift ;;
+    pf) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf
+        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf
+        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
+    pncu) bench ncu_prefill.csv timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
+          --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
+          --batch 1 --decode 1 --repeats 1 --no-hf
+        xz -f "$OUT/ncu_prefill.csv" ;;
+    hf) wait_lt
+        run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
+          --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2
+        run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
+          --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2 --mamba-ssm .whl ;;
     ncu) bench ncu_b1.csv timeout 300 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \

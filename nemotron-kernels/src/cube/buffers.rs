@@ -87,23 +87,38 @@ macro_rules! with_float {
 }
 pub(crate) use with_float;
 
-/// Elementwise launch geometry: `n` units in cubes of [`ELEMWISE_BLOCK`].
+/// Elementwise launch geometry: `n` units in cubes of [`ELEMWISE_BLOCK`], the cubes [`fold`]ed
+/// (the kernels index by `ABSOLUTE_POS`, which is linear over the folded grid on every runtime).
 pub(crate) fn elemwise(n: usize) -> (CubeCount, CubeDim) {
-    let cubes = n.div_ceil(ELEMWISE_BLOCK as usize).max(1) as u32;
     (
-        CubeCount::Static(cubes, 1, 1),
+        fold(n.div_ceil(ELEMWISE_BLOCK as usize)),
         CubeDim::new_1d(ELEMWISE_BLOCK),
     )
+}
+
+/// The most cubes along one grid dimension on every runtime this crate launches on (wgpu's
+/// limit on x, y and z; CUDA's on y and z).
+pub const MAX_CUBES: usize = 65_535;
+
+/// `(x, y)` cube counts for `cubes` cubes numbered `x + y · count_x` (at least one cube): x up
+/// to [`MAX_CUBES`], the rest on y. A kernel launched on it takes its cube index as
+/// `CUBE_POS_X + CUBE_POS_Y · CUBE_COUNT_X` (or `ABSOLUTE_POS`) and leaves past `cubes`.
+pub fn fold_xy(cubes: usize) -> (u32, u32) {
+    let x = cubes.clamp(1, MAX_CUBES);
+    (x as u32, cubes.div_ceil(x).max(1) as u32)
+}
+
+/// [`fold_xy`] as a launch count.
+pub(crate) fn fold(cubes: usize) -> CubeCount {
+    let (x, y) = fold_xy(cubes);
+    CubeCount::Static(x, y, 1)
 }
 
 /// Units per cube of the elementwise kernels.
 pub(crate) const ELEMWISE_BLOCK: u32 = 128;
 
-/// The most cubes along y (CUDA's limit); more spill onto z.
-pub(crate) const MAX_CUBES_Y: usize = 65_535;
-
-/// `(y, z)` cube counts covering `n` along y, spilling onto z beyond [`MAX_CUBES_Y`].
-pub(crate) fn yz(n: usize) -> (u32, u32) {
-    let y = n.clamp(1, MAX_CUBES_Y);
+/// `(y, z)` cube counts covering `n` along y, spilling onto z beyond [`MAX_CUBES`].
+pub fn yz(n: usize) -> (u32, u32) {
+    let y = n.clamp(1, MAX_CUBES);
     (y as u32, n.div_ceil(y).max(1) as u32)
 }

@@ -12,7 +12,7 @@
 //! lanes over 4-element chunks of `w`'s rows (16-byte loads for f32 weights), warp-shuffle sums
 //! on CUDA; more rows go through [`matmul_kernel()`] over `wᵀ` made contiguous.
 
-use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};
+use super::buffers::{arg, contiguous_as, empty, float_buf, with_float, yz};
 use super::linear::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_ROWS,
     GEMV_UNITS,
@@ -142,7 +142,9 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
         let wt = <B<R> as FloatTensorOps<B<R>>>::float_reshape(wt, [1, k, n].into());
         let x =
             <B<R> as FloatTensorOps<B<R>>>::float_reshape(contiguous_as(x, wd), [1, m, k].into());
-        let c = launch(x, wt);
+        // The exact kernel whatever the dtype: the router's logits decide experts by margins
+        // a reordered bf16 sum can flip.
+        let c = launch_with(x, wt, false);
         return <B<R> as FloatTensorOps<B<R>>>::float_reshape(c, [m, n].into());
     }
     let x = float_buf(x);
@@ -229,6 +231,30 @@ impl Gemv {
     }
 }
 
+/// Which kernel a batched matmul runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// [`matmul_kernel()`]: f32 accumulation term by term, every arm's shared exact product.
+    Exact,
+    /// Burn's tiled matmul (cubek; tensor cores where the device has them, f32 accumulation):
+    /// bf16/f16 products of at least [`TILED_MIN`] in `m` and `n` and 16 in `k` (attention
+    /// prefill's `Q·Kᵀ` and `P·V`, dense experts over many rows). The f32 arms keep the exact
+    /// kernel, so cross-backend parity in f32 is unchanged.
+    Tiled,
+}
+
+/// The smallest `m` and `n` of a [`MatmulPath::Tiled`] product.
+pub const TILED_MIN: usize = 64;
+
+/// The path of a `[m, k] · [k, n]` product (per batch) in `dtype` (pure; tested on the host).
+pub fn plan(dtype: DType, m: usize, k: usize, n: usize) -> MatmulPath {
+    if matches!(dtype, DType::BF16 | DType::F16) && m >= TILED_MIN && n >= TILED_MIN && k >= 16 {
+        MatmulPath::Tiled
+    } else {
+        MatmulPath::Exact
+    }
+}
+
 /// Columns per cube.
 pub const MATMUL_COLS: u32 = 32;
 /// Unit rows splitting K (a power of two).
@@ -239,6 +265,7 @@ pub fn matmul_kernel<F: Float>(
     a: &[F],
     w: &[F],
     c: &mut [F],
+    batch: u32,
     m: u32,
     k: u32,
     n: u32,
@@ -247,8 +274,13 @@ pub fn matmul_kernel<F: Float>(
 ) {
     let (m, k, n) = (m as usize, k as usize, n as usize);
     let col = CUBE_POS_X as usize * cols + UNIT_POS_X as usize;
-    let row = CUBE_POS_Y as usize;
-    let bb = CUBE_POS_Z as usize;
+    // Rows `(b, m)` folded over y and z ([`yz`]); cubes past them leave (uniform per cube).
+    let r = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if r >= batch as usize * m {
+        terminate!();
+    }
+    let row = r % m;
+    let bb = r / m;
     let y = UNIT_POS_Y as usize;
     let mut acc = 0.0f32;
     if col < n {
@@ -277,7 +309,13 @@ pub fn matmul_kernel<F: Float>(
     }
 }
 
+/// `c = a · b` batched (`[B, M, K] · [B, K, N]`), on the path [`plan`] picks.
 pub fn launch<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
+    launch_with(a, b, true)
+}
+
+/// [`launch`], with `tiled: false` forcing the exact kernel.
+fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) -> CubeTensor<R> {
     let out_dtype = a.dtype;
     // Read in the storage dtype (a bf16 weight is not widened per call); f32 otherwise.
     let dtype = if a.dtype == b.dtype && matches!(a.dtype, DType::F32 | DType::BF16 | DType::F16) {
@@ -288,8 +326,15 @@ pub fn launch<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<
     let (a, b) = (contiguous_as(a, dtype), contiguous_as(b, dtype));
     let (sa, sb) = (a.meta.shape().clone(), b.meta.shape().clone());
     let (bs, m, k, n) = (sa[0], sa[1], sa[2], sb[2]);
+    if tiled && plan(dtype, m, k, n) == MatmulPath::Tiled {
+        use burn_cubecl::kernel::matmul::{matmul, MatmulStrategy};
+        if let Ok(c) = matmul(a.clone(), b.clone(), None, MatmulStrategy::Cube, dtype) {
+            return contiguous_as(c, out_dtype);
+        }
+    }
     let c = empty(&a, [bs, m, n], dtype);
-    let count = CubeCount::Static(n.div_ceil(MATMUL_COLS as usize) as u32, m as u32, bs as u32);
+    let (gy, gz) = yz(bs * m);
+    let count = CubeCount::Static(n.div_ceil(MATMUL_COLS as usize) as u32, gy, gz);
     let dim = CubeDim::new_2d(MATMUL_COLS, MATMUL_SPLITS);
     macro_rules! go {
         ($t:ty) => {
@@ -300,6 +345,7 @@ pub fn launch<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<
                 arg(&a),
                 arg(&b),
                 arg(&c),
+                bs as u32,
                 m as u32,
                 k as u32,
                 n as u32,

@@ -5,17 +5,18 @@
 //! | family | file | ops |
 //! |---|---|---|
 //! | linear | [`linear`] (`nvfp4`, `fp8`, `dispatch`) | NVFP4 / FP8 W8A8 linears, plain or routed experts, fused epilogue |
-//! | Mamba2 | [`mamba`] (`conv`, `softplus`, `scan`) | causal conv, `softplus(dt + bias)`, selective scan |
+//! | Mamba2 | [`mamba`] (`conv`, `softplus`, `scan`) | causal conv, `softplus(dt + bias)`, selective scan (state in registers over staged time tiles) |
+//! | MoE sort | [`moe`] | routing slots sorted by expert on the device (prefill's grouped experts) |
 //! | norm | [`norm`] | (gated) group RMSNorm |
 //! | routing | [`route`] | MoE sigmoid top-k routing, the weighted combine of the experts' outputs |
-//! | matmul | [`matmul`] | exact-f32-accumulation batched matmul |
+//! | matmul | [`matmul`] | exact-f32-accumulation batched matmul; bf16 products of 64+ rows and columns on Burn's tiled matmul |
 //! | attention | [`attention`] (`decode`) | GQA decode attention over slot KV caches |
 //! | slots | [`slots`], [`mamba::step`] | decode over state slots: conv / SSM steps in place, lengths, slot writes |
 //! | greedy pick | [`argmax`] | row-wise arg-max over the vocabulary |
 //!
 //! [`buffers`] turns tensors into kernel buffers; [`reduce`] holds shared reductions. Activations
-//! are read and written in their storage type (f32, bf16, f16) except the Mamba2 conv and scan,
-//! which run in f32 (the SSM state is f32 whatever the activation dtype).
+//! are read and written in their storage type (f32, bf16, f16); the Mamba2 conv and scan compute in
+//! f32 (the SSM state is f32 whatever the activation dtype).
 
 pub mod argmax;
 pub mod attention;
@@ -23,12 +24,58 @@ pub mod buffers;
 pub mod linear;
 pub mod mamba;
 pub mod matmul;
+pub mod moe;
 pub mod norm;
 pub mod reduce;
 pub mod route;
 pub mod slots;
 
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static FUSED: AtomicBool = AtomicBool::new(true);
+
+/// Whether the fused decode launches run (default on): the conv inside the SSM step
+/// (`conv_ssm_step`) and the gated norm inside the FP8 `out_proj` (`fp8_gated_linear`). Off, each
+/// runs as its two ops — the same values up to the norm's summation order; for benchmarks and
+/// tests (process-wide).
+pub fn set_fused(on: bool) {
+    FUSED.store(on, Ordering::Relaxed);
+}
+
+/// The current value of [`set_fused`].
+pub fn fused() -> bool {
+    FUSED.load(Ordering::Relaxed)
+}
+
+/// Which prefill kernels run where a size threshold chooses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillKernels {
+    /// The library's thresholds.
+    Auto,
+    /// Routed experts grouped by expert from one slot, their slots sorted on the device from one
+    /// slot (otherwise from 32 and past 1,024 slots): so the tiny fixtures run prefill's grouped
+    /// MoE path. It takes effect where that path exists (bf16 on CUDA tensor cores). The scan and
+    /// conv kernels have no threshold: they run at every size on every cube backend.
+    Tiled,
+}
+
+/// Sets [`PrefillKernels`] (process-wide: for `parity --prefill-kernels` and tests).
+pub fn set_prefill_kernels(k: PrefillKernels) {
+    let mut m = linear::mma::mma();
+    match k {
+        PrefillKernels::Auto => {
+            m.grouped = linear::mma::MmaMin::default().grouped;
+            linear::mma::set_sort_min_slots(linear::mma::MMA_MAX_SLOTS + 1);
+        }
+        PrefillKernels::Tiled => {
+            m.grouped = 1;
+            linear::mma::set_sort_min_slots(1);
+        }
+    }
+    linear::mma::set_mma(m);
+}
+
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 
@@ -49,6 +96,17 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
 
     fn fp8_linear(x: T<R>, w: Fp8Weights<Self>, rows: Rows<Self>, epi: Epilogue) -> T<R> {
         linear::fp8::launch(x, w, rows, epi)
+    }
+
+    fn fp8_gated_linear(
+        x: T<R>,
+        gate: T<R>,
+        norm_weight: T<R>,
+        groups: usize,
+        eps: f64,
+        w: Fp8Weights<Self>,
+    ) -> T<R> {
+        linear::fp8::launch_gated(x, gate, norm_weight, groups, eps, w)
     }
 
     fn nvfp4_linear3(x: T<R>, w: Nvfp4Weights<Self>, widths: [usize; 3]) -> (T<R>, T<R>, T<R>) {
@@ -118,9 +176,57 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         weight: T<R>,
         bias: Maybe<Self>,
         pool: T<R>,
+        lens: T<R>,
         slots: T<R>,
     ) -> (T<R>, T<R>) {
-        mamba::step::conv_launch(x, weight, bias, pool, slots)
+        mamba::step::conv_launch(x, weight, bias, pool, lens, slots)
+    }
+
+    fn conv_ssm_step(
+        xbc: T<R>,
+        dt: T<R>,
+        conv_weight: T<R>,
+        conv_bias: Maybe<Self>,
+        dt_bias: T<R>,
+        a: T<R>,
+        d: T<R>,
+        conv_pool: T<R>,
+        ssm_pool: T<R>,
+        lens: T<R>,
+        slots: T<R>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
+    ) -> (T<R>, T<R>, T<R>) {
+        if !fused() {
+            let (x, cp) = mamba::step::conv_launch(
+                xbc,
+                conv_weight,
+                conv_bias,
+                conv_pool,
+                lens,
+                slots.clone(),
+            );
+            let (y, sp) =
+                mamba::step::ssm_launch(x, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
+            return (y, cp, sp);
+        }
+        mamba::step::conv_ssm_launch(
+            xbc,
+            dt,
+            mamba::step::ConvIn {
+                weight: conv_weight,
+                bias: conv_bias,
+                pool: conv_pool,
+                lens,
+            },
+            dt_bias,
+            a,
+            d,
+            ssm_pool,
+            slots,
+            dims,
+            dt_min,
+        )
     }
 
     fn ssm_step(
@@ -148,6 +254,18 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         scale: f32,
     ) -> (T<R>, T<R>, T<R>) {
         attention::decode::launch(q, k, v, kpool, vpool, lens, slots, scale)
+    }
+
+    fn attention_step_qkv(
+        qkv: T<R>,
+        heads: usize,
+        kpool: T<R>,
+        vpool: T<R>,
+        lens: T<R>,
+        slots: T<R>,
+        scale: f32,
+    ) -> (T<R>, T<R>, T<R>) {
+        attention::decode::launch_fused(qkv, heads, kpool, vpool, lens, slots, scale)
     }
 
     fn argmax_rows(x: T<R>) -> T<R> {

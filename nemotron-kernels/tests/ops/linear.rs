@@ -513,3 +513,107 @@ fn mma_linears_case(arm: &Arm) {
     mma::set_mma(saved);
     mma::set_fp8_inq_max(mma::FP8_INQ_MAX_ROWS);
 }
+
+/// Mamba2's gated output norm folded into an FP8 `out_proj` (`fp8_gated_linear`) against the
+/// two ops on this arm and against the host: one row (CUDA bf16 computes the norm in the
+/// tensor-core kernel's prologue: the Lightning shape 4096→2688 in 8 groups, one group of 512,
+/// groups of 256) and where the fused form does not apply (three rows; groups of 96 channels),
+/// so both the prologue and the fallback are checked. The inputs are scaled so that the
+/// normalized values saturate some E4M3 codes.
+pub fn fp8_gated_linear_matches(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(21, arm));
+    for (m, k, groups, n) in [
+        (1, 4096, 8, 2688),
+        (1, 512, 1, 40),
+        (1, 1024, 4, 96),
+        (3, 1024, 4, 96),
+        (1, 384, 4, 40),
+    ] {
+        let w = [fp8_case(&mut rng, n, k, 1.5 / 448.0)];
+        let x = rng.vec(m * k, 2.0);
+        let z = rng.vec(m * k, 3.0);
+        let nw: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| rng.round(1.0 + v)).collect();
+        let eps = 1e-5;
+        // `round`: the reference rounds the normalized input to the arm's activation dtype, as
+        // the arm stores it; otherwise a bf16 rounding flips E4M3 codes (1/16 apart) and the
+        // f32 reference is no longer the same computation.
+        let run = |a: &Arm, fused: bool, round: bool| {
+            let wt = Fp8Weights::upload(&w, &a.dev);
+            let (xt, zt, nt) = (a.t(&x, [m, k]), a.t(&z, [m, k]), a.t(&nw, [k]));
+            host(if fused {
+                ops::fp8_gated_linear(xt, zt, nt, groups, eps, &wt)
+            } else {
+                let mut u = ops::rms_norm(xt, Some(zt), nt, groups, eps);
+                if round {
+                    let v: Vec<f32> = host(u).iter().map(|&v| rng.round(v)).collect();
+                    u = a.t(&v, [m, k]);
+                }
+                ops::fp8_linear(u, &wt, Epilogue::None)
+            })
+        };
+        let name = format!("fp8_gated_linear {m}×{k}→{n}, {groups} groups");
+        let (got, apart) = (run(arm, true, false), run(arm, false, false));
+        let want = run(&href, false, true);
+        close(
+            &format!("{name} == norm + linear"),
+            &got,
+            &apart,
+            arm.band.lin,
+        );
+        close(&name, &got, &want, arm.band.lin);
+    }
+}
+
+/// Routed experts past the one-cube grouping (1,080 slots > `MMA_MAX_SLOTS`): on bf16 CUDA the
+/// slots are sorted by expert on the device and each expert's tile runs on the tensor cores
+/// over its own tokens; elsewhere the GEMVs run. Expert 0 is chosen by every token, expert 6 by
+/// one token only, expert 7 by none; the others at random. Then the same slots slot-major (one
+/// cube row per slot, the rows folded past the grid's y limit on no device here, but through
+/// the same index arithmetic).
+pub fn grouped_experts_match(arm: &Arm) {
+    use nemotron_kernels::cube::linear::mma;
+    let (href, mut rng) = (Arm::host(), Rng::new(41, arm));
+    let (e, k_top, tokens, n, k) = (8usize, 3usize, 360usize, 24usize, 64usize);
+    assert!(tokens * k_top > mma::MMA_MAX_SLOTS);
+    let mut idx = Vec::with_capacity(tokens * k_top);
+    for t in 0..tokens {
+        idx.push(0i64);
+        let mut chosen = vec![0i64];
+        if t == 5 {
+            chosen.push(6);
+            idx.push(6);
+        }
+        while chosen.len() < k_top {
+            let c = 1 + (((rng.next() + 1.0) * 0.5 * 5.0) as i64).min(4);
+            if !chosen.contains(&c) {
+                chosen.push(c);
+                idx.push(c);
+            }
+        }
+    }
+    let x = rng.vec(tokens * k, 1.0);
+    let nv: Vec<Nvfp4Matrix> = (0..e).map(|_| nvfp4_case(&mut rng, n, k)).collect();
+    let saved = mma::mma();
+    for (epi, mult) in EPILOGUES {
+        let want = host(ops::nvfp4_expert_linear(
+            href.t(&x, [tokens, k]),
+            href.int(&idx),
+            k_top,
+            &Nvfp4Weights::upload(&nv, &href.dev),
+            epi,
+        ));
+        for (path, slots_min) in [("grouped", 1usize), ("slot-major", usize::MAX)] {
+            mma::set_mma_min(1, slots_min);
+            let got = host(ops::nvfp4_expert_linear(
+                arm.t(&x, [tokens, k]),
+                arm.int(&idx),
+                k_top,
+                &Nvfp4Weights::upload(&nv, &arm.dev),
+                epi,
+            ));
+            let name = format!("nvfp4 experts {path} {epi:?} {} slots", idx.len());
+            close(&name, &got, &want, mult * arm.band.lin);
+        }
+    }
+    mma::set_mma(saved);
+}

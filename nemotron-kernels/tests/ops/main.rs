@@ -145,6 +145,35 @@ pub fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
 }
 
+/// Launch grids past the device limits (65,535 cubes on a dimension): the folds cover every
+/// cube once, within the limits, with at most one partial row (host arithmetic).
+#[test]
+fn grids_fold_within_limits() {
+    use nemotron_kernels::cube::buffers::{fold_xy, yz, MAX_CUBES};
+    for cubes in [
+        1usize,
+        65_535,
+        65_536,
+        6 * 10_923,
+        131_071,
+        1 << 24,
+        65_535 * 65_535,
+    ] {
+        for (name, (a, b)) in [("fold_xy", fold_xy(cubes)), ("yz", yz(cubes))] {
+            let (a, b) = (a as usize, b as usize);
+            assert!(
+                a <= MAX_CUBES && b <= MAX_CUBES,
+                "{name}({cubes}) = ({a}, {b})"
+            );
+            assert!(a * b >= cubes, "{name}({cubes}) = ({a}, {b}) misses cubes");
+            assert!(
+                a * (b - 1) < cubes,
+                "{name}({cubes}) = ({a}, {b}): a whole idle row"
+            );
+        }
+    }
+}
+
 /// Stamps each `name => body` into a wgpu f32 test and ignored CUDA f32 / bf16 tests.
 macro_rules! arms {
     ($($name:ident => $body:path),* $(,)?) => {
@@ -199,11 +228,13 @@ arms! {
     argmax_rows => argmax::argmax_rows_matches,
     nvfp4_linear => linear::nvfp4_linear_matches,
     fp8_linear => linear::fp8_linear_matches,
+    fp8_gated_linear => linear::fp8_gated_linear_matches,
     expert_linears => linear::expert_linears_match,
     linears_into_three => linear::linears_into_three_parts_match,
     e4m3_codes => linear::e4m3_codes_decode_as_defined,
     e2m1_codes => linear::e2m1_codes_decode_as_defined,
     mma_linears => linear::mma_linears_match,
+    grouped_experts => linear::grouped_experts_match,
     rms_norm => norm::rms_norm_matches,
     add_rms_norm => norm::add_rms_norm_matches,
     add_moe_rms_norm => norm::add_moe_rms_norm_matches,
@@ -211,11 +242,14 @@ arms! {
     moe_combine => route::moe_combine_matches,
     dt_softplus => mamba::dt_softplus_matches,
     causal_conv1d => mamba::conv_matches,
+    causal_conv1d_long => mamba::conv_long_matches,
     selective_scan => mamba::scan_matches,
+    selective_scan_tiles => mamba::scan_tiles_match,
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
     conv_step => slots::conv_step_matches,
     ssm_step => slots::ssm_step_matches,
+    conv_ssm_step => slots::conv_ssm_step_matches,
     attention_step => slots::attention_step_matches,
     advance_and_write_slot => slots::advance_and_write_slot_match,
 }

@@ -22,10 +22,21 @@ pub fn dt_softplus_matches(arm: &Arm) {
 }
 
 pub fn conv_matches(arm: &Arm) {
-    let (href, mut rng) = (Arm::host(), Rng::new(3, arm));
-    let (b, tm, c, k) = (3, 9, 20, 4);
     // Ragged, and every sequence full (the kernels then run without a lengths buffer).
-    for lens in [[9, 1, 5], [9, 9, 9]] {
+    conv_case(arm, 3, (9, 20, 4), &[vec![9, 1, 5], vec![9, 9, 9]]);
+}
+
+/// A prompt whose units (outputs and state entries, `2 · 3,840 · 1,103` ≈ 8.47 M) pass one
+/// launch's 65,535 cubes of 128: the units stride over the rest (the second sequence's state
+/// and last tokens are written on the second pass).
+pub fn conv_long_matches(arm: &Arm) {
+    conv_case(arm, 7, (1100, 3840, 4), &[vec![1100, 1037]]);
+}
+
+fn conv_case(arm: &Arm, seed: u64, (tm, c, k): (usize, usize, usize), cases: &[Vec<usize>]) {
+    let (href, mut rng) = (Arm::host(), Rng::new(seed, arm));
+    for lens in cases {
+        let b = lens.len();
         let x = rng.vec(b * tm * c, 1.0);
         let w = rng.vec(c * k, 0.5);
         let bias = rng.vec(c, 0.5);
@@ -37,7 +48,7 @@ pub fn conv_matches(arm: &Arm) {
                     a.t(&w, [c, k]),
                     with_bias.then(|| a.t(&bias, [c])),
                     a.t(&st, [b, c, k - 1]),
-                    &lens,
+                    lens,
                 );
                 (host(y), host(s))
             };
@@ -58,10 +69,37 @@ pub fn conv_matches(arm: &Arm) {
     }
 }
 
+/// The scan at small shapes: `N = 16` (the register-row kernel, one partial tile) and `N = 12`
+/// (not a multiple of its lanes: the sequential kernel).
 pub fn scan_matches(arm: &Arm) {
-    let (href, mut rng) = (Arm::host(), Rng::new(4, arm));
-    let (b, tm, h, p, g, n) = (2, 11, 4, 8, 2, 16);
-    for lens in [[11, 4], [11, 11]] {
+    for n in [16, 12] {
+        scan_case(arm, 4, (11, 4, 8, 2, n), &[vec![11, 4], vec![11, 11]]);
+    }
+}
+
+/// The register-row scan over several staged tiles: a length past two tiles and not a multiple
+/// of one, lengths 0 (the state copied through), 1, and one tile plus one; `P = 20` (a partial
+/// block of rows), `N = 128` (the Lightning state: 16 entries per lane, tiles of 16 steps)
+/// and `N = 256` (tiles of 8).
+pub fn scan_tiles_match(arm: &Arm) {
+    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath};
+    assert_eq!(plan(128), ScanPath::Rows { per: 16, tile: 16 });
+    assert_eq!(plan(256), ScanPath::Rows { per: 32, tile: 8 });
+    assert_eq!(plan(12), ScanPath::Sequential);
+    let lens = [vec![75, 0, 33, 1]];
+    scan_case(arm, 5, (75, 3, 20, 1, 128), &lens);
+    scan_case(arm, 6, (40, 2, 16, 2, 256), &[vec![40, 17]]);
+}
+
+fn scan_case(
+    arm: &Arm,
+    seed: u64,
+    (tm, h, p, g, n): (usize, usize, usize, usize, usize),
+    cases: &[Vec<usize>],
+) {
+    let (href, mut rng) = (Arm::host(), Rng::new(seed, arm));
+    for lens in cases {
+        let b = lens.len();
         let x = rng.vec(b * tm * h * p, 1.0);
         let dt: Vec<f32> = rng
             .vec(b * tm * h, 1.0)
@@ -84,7 +122,7 @@ pub fn scan_matches(arm: &Arm) {
                 ar.t(&cm, [b, tm, g, n]),
                 ar.t(&d, [h]),
                 state_in.clone(),
-                &lens,
+                lens,
             );
             (host(y), host(s), host(state_in))
         };

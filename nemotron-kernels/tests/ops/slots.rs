@@ -21,18 +21,21 @@ pub fn conv_step_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(11, arm));
     let (s, c, k) = (4, 20, 4);
     let rows = [2, -1, 0];
+    // Slot lengths whose new entry lands at every ring position (and one slot never filled).
+    let lens = [5, 0, 2, 7];
     let x = rng.vec(rows.len() * c, 1.0);
     let w = rng.vec(c * k, 0.5);
     let bias = rng.vec(c, 0.5);
-    let pool = rng.vec(s * c * (k - 1), 1.0);
+    let pool = rng.vec(s * c * k, 1.0);
     let run = |a: &Arm| {
-        let p = ops::contiguous(a.t(&pool, [s, c, k - 1]));
+        let p = ops::contiguous(a.t(&pool, [s, c, k]));
         let before = p.clone();
         let (y, p) = ops::conv_step(
             a.t(&x, [rows.len(), c]),
             a.t(&w, [c, k]),
             Some(a.t(&bias, [c])),
             p,
+            &slots(a, &lens),
             &slots(a, &rows),
         );
         (host(y), host(p), host(before))
@@ -47,10 +50,171 @@ pub fn conv_step_matches(arm: &Arm) {
     close("conv_step pool written in place", &gbefore, &gp, 0.0);
     close(
         "conv_step untouched slots",
-        &gp[c * (k - 1)..2 * c * (k - 1)],
-        &pool[c * (k - 1)..2 * c * (k - 1)],
+        &gp[c * k..2 * c * k],
+        &pool[c * k..2 * c * k],
         0.0,
     );
+    // The ring against its definition: slot 2 (length 2) of row 0 reads the inputs of times
+    // −1, 0, 1 at positions 3, 0, 1 and writes its input at position 2.
+    let (ch, ring) = (3, &pool[(2 * c + 3) * k..][..k]);
+    let mut acc = bias[ch];
+    for (kk, pos) in [3, 0, 1].into_iter().enumerate() {
+        acc += w[ch * k + kk] * ring[pos];
+    }
+    acc += w[ch * k + 3] * x[ch];
+    let want = acc / (1.0 + (-acc).exp());
+    close("conv_step ring order", &[gy[ch]], &[want], arm.band.lin);
+    close(
+        "conv_step ring write",
+        &[gp[(2 * c + 3) * k + 2]],
+        &[x[ch]],
+        arm.band.lin,
+    );
+}
+
+/// The conv and SSM steps in one launch against the two ops (the same arm) and against the
+/// host reference, over `K + 2` consecutive steps (each ring wraps), rows out of slot order, a
+/// pad row, slots of different lengths; states of 16 (strided loop) and 128 (registers), with
+/// and without the conv bias. Several heads share a group, so `B`/`C` are convolved by cubes
+/// that did not write their rings.
+pub fn conv_ssm_step_matches(arm: &Arm) {
+    for (n, bias) in [(16, true), (128, true), (128, false)] {
+        conv_ssm_case(arm, n, bias);
+    }
+}
+
+fn conv_ssm_case(arm: &Arm, n: usize, with_bias: bool) {
+    let (href, mut rng) = (Arm::host(), Rng::new(13, arm));
+    let (s, h, p, g, k) = (3, 4, 16, 2, 4);
+    let dims = ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    };
+    let width = h * p + 2 * g * n;
+    let rows = [2, -1, 0];
+    let b = rows.len();
+    let steps = k + 2;
+    let xbc: Vec<Vec<f32>> = (0..steps).map(|_| rng.vec(b * width, 1.0)).collect();
+    let dt: Vec<Vec<f32>> = (0..steps)
+        .map(|_| {
+            rng.vec(b * h, 1.0)
+                .iter()
+                .map(|v| rng.round(v - 3.0))
+                .collect()
+        })
+        .collect();
+    let cw = rng.vec(width * k, 0.5);
+    let cb = rng.vec(width, 0.5);
+    let dt_bias = rng.vec(h, 0.5);
+    let a: Vec<f32> = (0..h).map(|i| -(1.0 + i as f32)).collect();
+    let d = rng.vec(h, 1.0);
+    let cpool0 = rng.vec(s * width * k, 1.0);
+    let spool0 = rng.vec(s * h * p * n, 0.5);
+    // Per step: y, conv pool, ssm pool. `round`: the conv output is rounded to the arm's
+    // activation dtype between the two ops, as the arm stores it (the reference in f32 would
+    // otherwise feed the scan other x, B and C than the arm's).
+    let run = |ar: &Arm, fused: bool, round: bool| -> Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let mut cp = ops::contiguous(ar.t(&cpool0, [s, width, k]));
+        let mut sp = ops::contiguous(ar.f32(&spool0, [s, h, p, n]));
+        let (cw, cb) = (ar.t(&cw, [width, k]), ar.t(&cb, [width]));
+        let (dtb, at, dd) = (ar.t(&dt_bias, [h]), ar.t(&a, [h]), ar.t(&d, [h]));
+        let sl = slots(ar, &rows);
+        let mut lens = vec![3i32, 0, 1];
+        let mut out = Vec::new();
+        for t in 0..steps {
+            let ln = slots(ar, &lens);
+            let (x, dtt) = (ar.t(&xbc[t], [b, width]), ar.t(&dt[t], [b, h]));
+            let bias = with_bias.then(|| cb.clone());
+            let y;
+            if fused {
+                let w = ops::MambaStepWeights {
+                    conv_weight: &cw,
+                    conv_bias: bias.as_ref(),
+                    dt_bias: &dtb,
+                    a: &at,
+                    d: &dd,
+                };
+                (y, cp, sp) = ops::conv_ssm_step(x, dtt, w, cp, sp, &ln, &sl, dims, Some(0.04));
+            } else {
+                let (mut xc, c2) = ops::conv_step(x, cw.clone(), bias, cp, &ln, &sl);
+                if round {
+                    let v: Vec<f32> = host(xc).iter().map(|&v| rng.round(v)).collect();
+                    xc = ar.t(&v, [b, width]);
+                }
+                let (y2, s2) = ops::ssm_step(
+                    xc,
+                    dtt,
+                    dtb.clone(),
+                    at.clone(),
+                    dd.clone(),
+                    sp,
+                    &sl,
+                    dims,
+                    Some(0.04),
+                );
+                (y, cp, sp) = (y2, c2, s2);
+            }
+            for &r in &rows {
+                if r >= 0 {
+                    lens[r as usize] += 1;
+                }
+            }
+            out.push((host(y), host(cp.clone()), host(sp.clone())));
+        }
+        out
+    };
+    let (fused, apart, want) = (
+        run(arm, true, false),
+        run(arm, false, false),
+        run(&href, false, true),
+    );
+    for t in 0..steps {
+        let tag = format!("(n {n}, bias {with_bias}, step {t})");
+        let ((fy, fc, fs), (ay, ac, as_), (ry, rc, rs)) = (&fused[t], &apart[t], &want[t]);
+        assert!(
+            fy[h * p..2 * h * p].iter().all(|&v| v == 0.0),
+            "conv_ssm_step: a pad row is not zero {tag}"
+        );
+        close(
+            &format!("conv_ssm_step y == two ops {tag}"),
+            fy,
+            ay,
+            arm.band.lin,
+        );
+        close(
+            &format!("conv_ssm_step conv pool == two ops {tag}"),
+            fc,
+            ac,
+            0.0,
+        );
+        close(
+            &format!("conv_ssm_step ssm pool == two ops {tag}"),
+            fs,
+            as_,
+            arm.band.lin,
+        );
+        close(&format!("conv_ssm_step y {tag}"), fy, ry, arm.band.scan);
+        close(
+            &format!("conv_ssm_step conv pool {tag}"),
+            fc,
+            rc,
+            arm.band.lin,
+        );
+        close(
+            &format!("conv_ssm_step ssm pool {tag}"),
+            fs,
+            rs,
+            arm.band.scan,
+        );
+        close(
+            &format!("conv_ssm_step untouched slot {tag}"),
+            &fc[width * k..2 * width * k],
+            &cpool0[width * k..2 * width * k],
+            0.0,
+        );
+    }
 }
 
 /// The slot SSM step reading `x | B | C` from one conv output row and applying the dt softplus
@@ -201,6 +365,43 @@ fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize, nh: usi
     close("attention_step K pool written in place", &gbefore, &gk, 0.0);
     let want: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
     assert_eq!(glens, want, "attention_step advanced the lengths");
+    // The fused-row form: each row `q | k | v`, read in place; the same kernels, so the same
+    // values as the separate form on this arm.
+    let (qw, kw) = (nh * hd, kvh * hd);
+    let qkv: Vec<f32> = (0..b)
+        .flat_map(|r| {
+            let q = &q[r * qw..][..qw];
+            let (k, v) = (&k[r * kw..][..kw], &v[r * kw..][..kw]);
+            q.iter().chain(k).chain(v).copied().collect::<Vec<_>>()
+        })
+        .collect();
+    let fused = |a: &Arm| {
+        let (kpool, vpool) = (
+            ops::contiguous(a.t(&kp, [s, kvh, cap, hd])),
+            ops::contiguous(a.t(&vp, [s, kvh, cap, hd])),
+        );
+        let (o, kpool, vpool) = ops::attention_step_qkv(
+            a.t(&qkv, [b, qw + 2 * kw]),
+            nh,
+            kpool,
+            vpool,
+            &slots(a, &lens),
+            &slots(a, &rows),
+            scale,
+        );
+        (host(o), host(kpool), host(vpool))
+    };
+    let ((fo, fk, fv), (ho, _, _)) = (fused(arm), fused(&href));
+    let tag = format!("(cap {cap}, lens {lens:?}, hd {hd}, {nh} heads)");
+    close(
+        &format!("attention_step_qkv o == separate {tag}"),
+        &fo,
+        &go,
+        0.0,
+    );
+    close(&format!("attention_step_qkv o (host) {tag}"), &ho, &ro, 0.0);
+    close(&format!("attention_step_qkv K pool {tag}"), &fk, &rk, 0.0);
+    close(&format!("attention_step_qkv V pool {tag}"), &fv, &rv, 0.0);
 }
 
 pub fn advance_and_write_slot_match(arm: &Arm) {

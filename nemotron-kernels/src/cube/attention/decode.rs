@@ -38,6 +38,9 @@ pub fn kv_append_kernel<F: Float>(
     kv_heads: u32,
     head_dim: u32,
     cap: u32,
+    kv_row: u32,
+    k_off: u32,
+    v_off: u32,
 ) {
     let id = ABSOLUTE_POS;
     let (kvh, hd, cap) = (kv_heads as usize, head_dim as usize, cap as usize);
@@ -53,8 +56,9 @@ pub fn kv_append_kernel<F: Float>(
     }
     let s = slot as usize;
     let at = ((s * kvh + g) * cap + lens[s] as usize) * hd + dd;
-    kpool[at] = k[id];
-    vpool[at] = v[id];
+    let src = b * kv_row as usize + g * hd + dd;
+    kpool[at] = k[src + k_off as usize];
+    vpool[at] = v[src + v_off as usize];
 }
 
 #[cube(launch)]
@@ -70,6 +74,7 @@ pub fn attn_scores_kernel<F: Float>(
     head_dim: u32,
     cap: u32,
     scale: f32,
+    q_row: u32,
 ) {
     let id = ABSOLUTE_POS;
     let (nh, kvh, hd, cap) = (
@@ -94,7 +99,7 @@ pub fn attn_scores_kernel<F: Float>(
     }
     let g = h / (nh / kvh);
     let kb = ((s * kvh + g) * cap + t) * hd;
-    let qb = (b * nh + h) * hd;
+    let qb = b * q_row as usize + h * hd;
     let mut acc = 0.0f32;
     for dd in 0..hd {
         acc += f32::cast_from(q[qb + dd]) * f32::cast_from(kpool[kb + dd]);
@@ -196,6 +201,10 @@ pub fn attn_split_kernel<F: Float>(
     cap: u32,
     chunks: u32,
     scale: f32,
+    q_row: u32,
+    kv_row: u32,
+    k_off: u32,
+    v_off: u32,
     #[comptime] hd: usize,
 ) {
     let (nh, kvh, cap, chunks) = (
@@ -224,23 +233,24 @@ pub fn attn_split_kernel<F: Float>(
     let r = nh / kvh;
     let g = h / r;
     let kvb = (s * kvh + g) * cap;
-    let newb = (b * kvh + g) * hd;
+    let newb = b * kv_row as usize + g * hd;
+    let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
     // The append: the kv group's first head's cube whose chunk holds `len`.
     if h % r == 0 && len < t0 + SPLIT_CHUNK && u < hd {
-        kpool[(kvb + len) * hd + u] = k[newb + u];
-        vpool[(kvb + len) * hd + u] = v[newb + u];
+        kpool[(kvb + len) * hd + u] = k[kb0 + u];
+        vpool[(kvb + len) * hd + u] = v[vb0 + u];
     }
     // Scores: unit `u` takes position `t0 + u % CHUNK`, half `u / CHUNK` of `d`.
     let half = hd / 2;
     let p = u % SPLIT_CHUNK;
     let d0 = (u / SPLIT_CHUNK) * half;
     let t = (t0 + p).min(n - 1);
-    let qb = (b * nh + h) * hd + d0;
+    let qb = b * q_row as usize + h * hd + d0;
     let mut kv = Array::<f32>::new(half);
     if t == len {
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(k[newb + d0 + i]);
+            kv[i] = f32::cast_from(k[kb0 + d0 + i]);
         }
     } else {
         let kb = (kvb + t) * hd + d0;
@@ -282,7 +292,7 @@ pub fn attn_split_kernel<F: Float>(
     for i in 0..per {
         let tt = (t0 + j0 + i * parts).min(n - 1);
         vals[i] = if tt == len {
-            f32::cast_from(v[newb + dd])
+            f32::cast_from(v[vb0 + dd])
         } else {
             f32::cast_from(vpool[(kvb + tt) * hd + dd])
         };
@@ -447,6 +457,10 @@ pub fn attn_gqa_kernel<F: Float>(
     cap: u32,
     chunks: u32,
     scale: f32,
+    q_row: u32,
+    kv_row: u32,
+    k_off: u32,
+    v_off: u32,
     #[comptime] hd: usize,
     #[comptime] r: usize,
 ) {
@@ -473,13 +487,14 @@ pub fn attn_gqa_kernel<F: Float>(
         terminate!();
     }
     let kvb = (s * kvh + g) * cap;
-    let newb = (b * kvh + g) * hd;
+    let newb = b * kv_row as usize + g * hd;
+    let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
     if len < t0 + SPLIT_CHUNK && u < hd {
-        kpool[(kvb + len) * hd + u] = k[newb + u];
-        vpool[(kvb + len) * hd + u] = v[newb + u];
+        kpool[(kvb + len) * hd + u] = k[kb0 + u];
+        vpool[(kvb + len) * hd + u] = v[vb0 + u];
     }
     // The group's query rows are contiguous: heads `g·r .. g·r + r` of row `b`.
-    let qb = (b * nh + g * r) * hd;
+    let qb = b * q_row as usize + g * r * hd;
     let mut qs = Shared::<[f32]>::new_slice(r * hd);
     #[unroll]
     for i in 0..comptime!((r * hd).div_ceil(GQA_UNITS)) {
@@ -496,7 +511,7 @@ pub fn attn_gqa_kernel<F: Float>(
     if t == len {
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(k[newb + d0 + i]);
+            kv[i] = f32::cast_from(k[kb0 + d0 + i]);
         }
     } else {
         let kb = (kvb + t) * hd + d0;
@@ -574,7 +589,7 @@ pub fn attn_gqa_kernel<F: Float>(
     for i in 0..per {
         let tt = (t0 + j0 + i * parts).min(n - 1);
         vals[i] = if tt == len {
-            f32::cast_from(v[newb + dd])
+            f32::cast_from(v[vb0 + dd])
         } else {
             f32::cast_from(vpool[(kvb + tt) * hd + dd])
         };
@@ -659,6 +674,87 @@ pub fn launch<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let q = float_buf(q);
     let dtype = q.dtype;
+    let (k, v) = (contiguous_as(k, dtype), contiguous_as(v, dtype));
+    let qs = q.meta.shape().clone();
+    let (rows, nh, hd) = (qs[0], qs[1], qs[2]);
+    let kvh = kpool.meta.shape()[1];
+    let layout = Layout {
+        rows,
+        heads: nh,
+        q_row: nh * hd,
+        kv_row: kvh * hd,
+        k_off: 0,
+        v_off: 0,
+    };
+    run(q, k, v, layout, kpool, vpool, lens, slots, scale)
+}
+
+/// [`launch`] with `q | k | v` read in place from one projection row per token: `qkv`
+/// `[B, (NH + 2·KVH)·D]` (no slicing copies, one projection launch instead of three).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_fused<R: CubeRuntime>(
+    qkv: CubeTensor<R>,
+    heads: usize,
+    kpool: CubeTensor<R>,
+    vpool: CubeTensor<R>,
+    lens: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    scale: f32,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let x = float_buf(qkv);
+    let xs = x.meta.shape().clone();
+    let (rows, width) = (xs[0], xs[1]);
+    let ps = kpool.meta.shape().clone();
+    let (kvh, hd) = (ps[1], ps[3]);
+    assert_eq!(
+        width,
+        (heads + 2 * kvh) * hd,
+        "attention_step_qkv: a row of {width} for {heads} + 2 × {kvh} heads of {hd}"
+    );
+    let layout = Layout {
+        rows,
+        heads,
+        q_row: width,
+        kv_row: width,
+        k_off: heads * hd,
+        v_off: (heads + kvh) * hd,
+    };
+    run(
+        x.clone(),
+        x.clone(),
+        x,
+        layout,
+        kpool,
+        vpool,
+        lens,
+        slots,
+        scale,
+    )
+}
+
+/// Where a row's query heads and new K/V sit in the `q`, `k`, `v` buffers (values).
+struct Layout {
+    rows: usize,
+    heads: usize,
+    q_row: usize,
+    kv_row: usize,
+    k_off: usize,
+    v_off: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    layout: Layout,
+    kpool: CubeTensor<R>,
+    vpool: CubeTensor<R>,
+    lens: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    scale: f32,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let dtype = q.dtype;
     for (name, p) in [("K", &kpool), ("V", &vpool)] {
         assert_eq!(
             p.dtype, dtype,
@@ -669,12 +765,16 @@ pub fn launch<R: CubeRuntime>(
             "attention_step: the {name} pool must be contiguous"
         );
     }
-    let (k, v) = (contiguous_as(k, dtype), contiguous_as(v, dtype));
     let (lens, slots) = (i32_buf(lens), i32_buf(slots));
-    let qs = q.meta.shape().clone();
-    let (rows, nh, hd) = (qs[0], qs[1], qs[2]);
+    let (rows, nh) = (layout.rows, layout.heads);
     let ps = kpool.meta.shape().clone();
-    let (kvh, cap) = (ps[1], ps[2]);
+    let (kvh, cap, hd) = (ps[1], ps[2], ps[3]);
+    let (q_row, kv_row, k_off, v_off) = (
+        layout.q_row as u32,
+        layout.kv_row as u32,
+        layout.k_off as u32,
+        layout.v_off as u32,
+    );
     let chunks = cap.div_ceil(ATTN_CHUNK);
     let part = empty(&q, [rows, nh, chunks, hd + 2], DType::F32);
     let o = empty(&q, [rows, nh, hd], dtype);
@@ -705,6 +805,10 @@ pub fn launch<R: CubeRuntime>(
                         cap as u32,
                         chunks as u32,
                         scale,
+                        q_row,
+                        kv_row,
+                        k_off,
+                        v_off,
                         hd,
                         nh / kvh,
                     );
@@ -726,6 +830,10 @@ pub fn launch<R: CubeRuntime>(
                         cap as u32,
                         chunks as u32,
                         scale,
+                        q_row,
+                        kv_row,
+                        k_off,
+                        v_off,
                         hd,
                     );
                 }
@@ -766,6 +874,9 @@ pub fn launch<R: CubeRuntime>(
                 kvh as u32,
                 hd as u32,
                 cap as u32,
+                kv_row,
+                k_off,
+                v_off,
             );
             attn_scores_kernel::launch::<$t, R>(
                 &client,
@@ -782,6 +893,7 @@ pub fn launch<R: CubeRuntime>(
                 hd as u32,
                 cap as u32,
                 scale,
+                q_row,
             );
             attn_partial_kernel::launch::<$t, R>(
                 &client,

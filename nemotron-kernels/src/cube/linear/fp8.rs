@@ -360,6 +360,32 @@ pub fn launch<R: CubeRuntime>(
     c.y
 }
 
+/// `launch(rms_norm(x, gate), w)` (Mamba2's gated output norm then `out_proj`): one launch where
+/// the tensor-core kernel can compute the norm in its prologue ([`super::mma::fp8_gated`]),
+/// else the norm kernel and this linear.
+pub fn launch_gated<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    gate: CubeTensor<R>,
+    norm_weight: CubeTensor<R>,
+    groups: usize,
+    eps: f64,
+    w: Fp8Weights<CubeBackend<R>>,
+) -> CubeTensor<R> {
+    let h = x.meta.shape()[1];
+    let c = Call::new(x, Rows::Each, w.shape.out_features, Epilogue::None);
+    let norm = super::mma::GatedNorm {
+        gate: gate.clone(),
+        weight: norm_weight.clone(),
+        group: h / groups.max(1),
+        eps: eps as f32,
+    };
+    if groups > 0 && crate::cube::fused() && super::mma::fp8_gated(&c, &w, &norm) {
+        return c.y;
+    }
+    let u = crate::cube::norm::launch(c.x, Some(gate).into(), norm_weight, groups, eps);
+    launch(u, w, Rows::Each, Epilogue::None)
+}
+
 /// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
 /// write the parts directly; the scalar kernel writes one output, sliced after.
 pub fn launch3<R: CubeRuntime>(

@@ -44,7 +44,8 @@ pub fn grouped_min_slots() -> usize {
 }
 
 /// Groups `pairs` routing slots by expert: `counts[e]` = slots routed to `e`, `members[e · pairs
-/// ..]` = those slots in increasing order. One cube; the ids are staged in shared memory and each
+/// ..]` = those slots in increasing order, `counts[E + e] = e · pairs` (where they start, the
+/// layout of [`crate::cube::moe::group`]). One cube; the ids are staged in shared memory and each
 /// unit scans them for its experts (`e ≡ unit mod units`). Ids outside `0..n_experts` join no
 /// group (their slots are never written, as in the slot-major kernels' contract).
 #[cube(launch)]
@@ -73,6 +74,7 @@ pub fn moe_group_kernel(
             }
         }
         counts[e] = c as u32;
+        counts[n_experts as usize + e] = (e * pairs) as u32;
         e += CUBE_DIM as usize;
     }
 }
@@ -208,7 +210,7 @@ pub(crate) fn launch<R: CubeRuntime>(
     let experts = c.experts.as_ref()?;
     let n_experts = w.shape.experts;
     let client = &c.x.client;
-    let counts = empty(&c.x, [n_experts], DType::U32);
+    let counts = empty(&c.x, [2 * n_experts], DType::U32);
     let members = empty(&c.x, [n_experts * c.slots], DType::U32);
     moe_group_kernel::launch::<R>(
         client,

@@ -32,7 +32,9 @@
 //! sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
 //! no slot leaves at once.
 
-use super::super::buffers::{arg, elemwise, empty, f32_buf, handle_arg};
+use super::super::buffers::{
+    arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz, MAX_CUBES,
+};
 use super::grouped::moe_group_kernel;
 use super::{e4m3, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
@@ -78,10 +80,24 @@ pub const MMA_FP8_MIN_ROWS: usize = 1;
 /// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
 pub const MMA_MIN_SLOTS: usize = 32;
 
-/// Routing slots up to which the routed path applies: the grouping kernel stages the expert ids
-/// in shared memory and is compiled per slot count (decode batches: a few padded sizes). Larger
-/// routed calls (prefill) keep the GEMVs until the prefill's grouped MoE sorts on the device.
+/// Routing slots up to which one cube groups the slots by expert ([`moe_group_kernel`], the ids
+/// staged in shared memory, compiled per slot count: decode batches, a few padded sizes).
+/// Larger routed calls (prefill) sort on the device ([`crate::cube::moe::group`]).
 pub const MMA_MAX_SLOTS: usize = 1024;
+
+static SORT_MIN_SLOTS: AtomicUsize = AtomicUsize::new(MMA_MAX_SLOTS + 1);
+
+/// Sets the routed-slot count from which grouped calls sort on the device instead of one cube
+/// grouping them (default `MMA_MAX_SLOTS + 1`; never above that: the one-cube grouping stages
+/// at most [`MMA_MAX_SLOTS`] ids). Process-wide; for `parity --prefill-kernels tiled` and tests.
+pub fn set_sort_min_slots(slots: usize) {
+    SORT_MIN_SLOTS.store(slots.min(MMA_MAX_SLOTS + 1), Ordering::Relaxed);
+}
+
+/// The current value of [`set_sort_min_slots`].
+pub fn sort_min_slots() -> usize {
+    SORT_MIN_SLOTS.load(Ordering::Relaxed)
+}
 
 /// Where each tensor-core path starts (`usize::MAX`: never): plain linears by rows of `x` and
 /// weight kind, routed NVFP4 experts by routing slots — slot-major (one token per cube) from
@@ -382,18 +398,27 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     #[comptime] pipe: bool,
 ) {
     // Plain calls run one row of cubes (`CUBE_POS_Y` is 0); grouped routed calls one row per
-    // expert; slot-major routed calls one row per slot, whose expert id `members` holds.
-    let by = CUBE_POS_Y as usize;
+    // expert; slot-major routed calls one row per slot, whose expert id `members` holds, the
+    // rows folded over y and z ([`crate::cube::buffers::yz`]) so any slot count launches.
+    let by = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     let slot_major = routed && !grouped;
+    // Uniform over the cube: a folded grid's last cubes past the slots leave.
+    if slot_major && by >= pairs as usize {
+        terminate!();
+    }
     let e = if slot_major { members[by] as usize } else { by };
     let mut count = tokens as usize;
+    // Grouped: `counts[e]` slots of expert `e` from `members[counts[E + e]]` (E = the grid's
+    // rows, one per expert).
+    let mut base = 0usize;
     if routed && grouped {
         count = counts[e] as usize;
+        base = counts[CUBE_COUNT_Y as usize + e] as usize;
     }
     if slot_major {
         count = 1u32 as usize;
     }
-    let (n_out, k, pairs) = (n_out as usize, k as usize, pairs as usize);
+    let (n_out, k) = (n_out as usize, k as usize);
     let tile = CUBE_POS_X as usize * 16;
     // Uniform over the cube (the `mma` and the cube syncs need every unit).
     if count == 0 || tile >= n_out {
@@ -418,7 +443,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
             let s = if slot_major {
                 by
             } else if routed {
-                members[e * pairs + tok] as usize
+                members[base + tok] as usize
             } else {
                 tok
             };
@@ -510,7 +535,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
                             let s = if slot_major {
                                 by
                             } else if routed {
-                                members[e * pairs + tok] as usize
+                                members[base + tok] as usize
                             } else {
                                 tok
                             };
@@ -578,6 +603,8 @@ pub fn fp8_quantize_bytes_kernel<F: Float>(
 pub fn fp8_mma_kernel<NW: Size>(
     xq: &[Vector<u32, NW>],
     xb: &[bf16],
+    gate: &[bf16],
+    norm_w: &[bf16],
     weight: &[Vector<u32, NW>],
     input_scales: &[f32],
     weight_scales: &[f32],
@@ -589,6 +616,8 @@ pub fn fp8_mma_kernel<NW: Size>(
     k: u32,
     n_out: u32,
     tokens: u32,
+    gsize: u32,
+    eps: f32,
     #[comptime] nt: usize,
     #[comptime] kw: usize,
     #[comptime] grp: usize,
@@ -596,6 +625,7 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] split: bool,
     #[comptime] inq: usize,
     #[comptime] pipe: bool,
+    #[comptime] gnorm: bool,
 ) {
     let count = tokens as usize;
     let (n_out, k) = (n_out as usize, k as usize);
@@ -636,12 +666,59 @@ pub fn fp8_mma_kernel<NW: Size>(
     if inq > 0 {
         let per = comptime!(inq.div_ceil(32 * kw));
         let mut xs = Array::<f32>::new(comptime!(per * 4));
+        let mut zs = Array::<f32>::new(comptime!(if gnorm { per * 4 } else { 1 }));
+        let mut ns = Array::<f32>::new(comptime!(if gnorm { per * 4 } else { 1 }));
         #[unroll]
         for r in 0..per {
             let i = (warp * 32 + lane + r * 32 * kw).min(inq - 1);
             #[unroll]
             for j in 0..4usize {
                 xs[r * 4 + j] = f32::cast_from(xb[i * 4 + j]);
+                if gnorm {
+                    zs[r * 4 + j] = f32::cast_from(gate[i * 4 + j]);
+                    ns[r * 4 + j] = f32::cast_from(norm_w[i * 4 + j]);
+                }
+            }
+        }
+        if gnorm {
+            // Mamba2's gated group norm of the one row first, as `rms_norm_kernel` computes it
+            // (`u = x · silu(z)`, `w · u · rsqrt(mean_group(u²) + eps)` rounded to bf16): `Σ u²`
+            // per 128 inputs (one warp's words of a round) by warp shuffles into shared memory,
+            // then each group's blocks summed in order — deterministic, no atomics.
+            let mut part = Shared::<[f32]>::new_slice(comptime!(inq.div_ceil(32)));
+            #[unroll]
+            for r in 0..per {
+                let i = warp * 32 + lane + r * 32 * kw;
+                let mut ss = 0.0f32;
+                #[unroll]
+                for j in 0..4usize {
+                    let z = zs[r * 4 + j];
+                    let u = xs[r * 4 + j] * (z / (1.0f32 + (-z).exp()));
+                    xs[r * 4 + j] = u;
+                    ss += u * u;
+                }
+                let tot = plane_sum(ss);
+                if lane == 0 && i < inq {
+                    part[i / 32] = tot;
+                }
+            }
+            sync_cube();
+            let gs_ = gsize as usize;
+            let bpg = gs_ / 128;
+            #[unroll]
+            for r in 0..per {
+                let i = (warp * 32 + lane + r * 32 * kw).min(inq - 1);
+                let first = (i * 4 / gs_) * bpg;
+                let mut total = 0.0f32;
+                for q in 0..bpg {
+                    total += part[first + q];
+                }
+                let inv = 1.0f32 / (total / gsize as f32 + eps).sqrt();
+                #[unroll]
+                for j in 0..4usize {
+                    xs[r * 4 + j] =
+                        f32::cast_from(bf16::cast_from(xs[r * 4 + j] * inv * ns[r * 4 + j]));
+                }
             }
         }
         #[unroll]
@@ -963,7 +1040,8 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     w: &Nvfp4Weights<CubeBackend<R>>,
 ) -> Option<CubeTensor<R>> {
     let min = mma();
-    let grouped = c.routed && c.slots >= min.grouped && c.slots <= MMA_MAX_SLOTS;
+    // Grouped by expert at any slot count (one grid row per expert, within the y limit).
+    let grouped = c.routed && c.slots >= min.grouped && w.shape.experts <= MAX_CUBES;
     // Routed calls below the grouping threshold run slot-major: one token per cube.
     let enough = if c.routed {
         grouped || c.slots >= min.slot_major
@@ -982,18 +1060,26 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         (c.x.clone(), ids, c.slots, 1)
     } else if c.routed {
         let n_experts = w.shape.experts;
-        let counts = empty(&c.x, [n_experts], DType::U32);
-        let members = empty(&c.x, [n_experts * c.slots], DType::U32);
-        moe_group_kernel::launch::<R>(
-            client,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_1d(256),
-            arg(c.experts.as_ref()?),
-            arg(&counts),
-            arg(&members),
-            n_experts as u32,
-            c.slots,
-        );
+        let ids = c.experts.as_ref()?;
+        // Up to MMA_MAX_SLOTS (decode batches) one cube groups them in shared memory; more
+        // (prefill) sort on the device by counts, offsets and a scatter.
+        let (counts, members) = if c.slots < sort_min_slots() {
+            let counts = empty(&c.x, [2 * n_experts], DType::U32);
+            let members = empty(&c.x, [n_experts * c.slots], DType::U32);
+            moe_group_kernel::launch::<R>(
+                client,
+                CubeCount::Static(1, 1, 1),
+                CubeDim::new_1d(256),
+                arg(ids),
+                arg(&counts),
+                arg(&members),
+                n_experts as u32,
+                c.slots,
+            );
+            (counts, members)
+        } else {
+            crate::cube::moe::group(ids, n_experts)
+        };
         (
             counts,
             members,
@@ -1016,7 +1102,12 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     unsafe {
         nvfp4_mma_kernel::launch_unchecked::<R>(
             client,
-            grid(c.n, experts),
+            if grouped || !c.routed {
+                grid(c.n, experts)
+            } else {
+                let (y, z) = yz(experts);
+                CubeCount::Static(c.n.div_ceil(16) as u32, y, z)
+            },
             CubeDim::new_2d(32, kw as u32),
             8,
             4,
@@ -1049,10 +1140,51 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     Some(c.y.clone())
 }
 
+/// Mamba2's gated group norm folded into an FP8 linear's in-kernel quantizing ([`fp8_gated`]):
+/// `x` is the SSM output, `gate` the `z` part, `weight` the norm weight (bf16 each), `group`
+/// channels per group.
+pub(crate) struct GatedNorm<R: CubeRuntime> {
+    pub gate: CubeTensor<R>,
+    pub weight: CubeTensor<R>,
+    pub group: usize,
+    pub eps: f32,
+}
+
 /// The tensor-core launch of a plain FP8 call, where it applies (bf16, `k % 16 == 0`, CUDA E4M3
 /// `mma`, enough rows): the rows quantized to E4M3 bytes once, then the `mma` kernel. `false`
 /// where it does not apply.
 pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> bool {
+    fp8_with(c, w, None)
+}
+
+/// [`fp8`] of `rms_norm(x, gate)` with the norm computed by every cube in its prologue (one
+/// launch instead of two), where that applies: one row quantized in-kernel
+/// ([`set_fp8_inq_max`] ≥ 1), groups of a multiple of 128 channels, warp shuffles. `false`
+/// where it does not (the caller runs the norm and the linear apart).
+pub(crate) fn fp8_gated<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Fp8Weights<CubeBackend<R>>,
+    norm: &GatedNorm<R>,
+) -> bool {
+    let inq_one = c.slots == 1 && INQ_MAX_ROWS.load(Ordering::Relaxed) >= 1 && c.k / 4 <= 4096;
+    if !inq_one
+        || norm.group == 0
+        || norm.group % 128 != 0
+        || c.k % norm.group != 0
+        || norm.gate.dtype != DType::BF16
+        || norm.weight.dtype != DType::BF16
+        || !super::super::reduce::plane_reduce(&c.x.client, 32)
+    {
+        return false;
+    }
+    fp8_with(c, w, Some(norm))
+}
+
+fn fp8_with<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Fp8Weights<CubeBackend<R>>,
+    norm: Option<&GatedNorm<R>>,
+) -> bool {
     let e4m3_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::E4M3).into();
     if c.routed
         || c.dtype != DType::BF16
@@ -1070,11 +1202,20 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
     );
     let words = c.slots * c.k / 4;
     // A few rows are quantized by every cube into shared memory (one launch instead of two).
-    let inq = if c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096 {
-        words
-    } else {
-        0
+    let inq =
+        if norm.is_some() || (c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096) {
+            words
+        } else {
+            0
+        };
+    let (gate, nw) = match norm {
+        Some(g) => (
+            contiguous_as(g.gate.clone(), DType::BF16),
+            contiguous_as(g.weight.clone(), DType::BF16),
+        ),
+        None => (c.x.clone(), c.x.clone()),
     };
+    let (gsize, eps) = norm.map_or((128, 0.0), |g| (g.group, g.eps));
     let xq = if inq > 0 {
         // Unread stand-in (u32 words).
         w.weight.clone()
@@ -1103,6 +1244,8 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             4,
             arg(&xq),
             arg(&c.x),
+            arg(&gate),
+            arg(&nw),
             arg(&w.weight),
             arg(&is),
             arg(&ws),
@@ -1114,6 +1257,8 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             c.k as u32,
             c.n as u32,
             c.slots as u32,
+            gsize as u32,
+            eps,
             tiles(c.slots),
             kw,
             tuning().group,
@@ -1121,6 +1266,7 @@ pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -
             c.split.is_some(),
             inq,
             tuning().pipe,
+            norm.is_some(),
         )
     };
     true

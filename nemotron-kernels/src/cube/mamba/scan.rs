@@ -1,14 +1,206 @@
-//! The selective scan with D skip, token by token:
+//! The selective scan with D skip over a prompt:
 //! `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`, `g = h / (H/G)`.
-//! Grid: one unit per `(b, h, p)` walking time over its state row `S[b, h, p, :]`, read from
-//! `state` and written to `new_state` (f32); positions past a sequence's length leave its state as
-//! it was.
+//!
+//! Two kernels, chosen by [`plan`]:
+//! - [`scan_rows_kernel`] (the prefill path): the state lives in registers. A cube takes
+//!   [`ROWS`] state rows `(b, h, p)`; [`LANES`] lanes split each row's `N` entries (`N / LANES`
+//!   each). Time runs in tiles of up to [`TILE`] steps: the cube stages the tile's `B`, `C` rows
+//!   of its group, `exp(dt·A)`, `dt` and `x` in shared memory (coalesced loads, one barrier), then
+//!   every lane walks the tile from shared memory, and a row's `y` is its lanes' partial
+//!   `S·C` summed by warp shuffles (CUDA) or through shared memory (wgpu). Only the recurrence
+//!   itself is sequential, and it is a register FMA per entry and step: ≈ 50 instructions per
+//!   lane and step against the old kernel's state row read and written in global memory per step.
+//!   Grid: one cube per `(b, h, p-block)` on x, folded onto y past the device's x limit.
+//! - [`selective_scan_kernel`] (the fallback, where `N` is not a multiple of [`LANES`]): one unit
+//!   per `(b, h, p)` walking time over its state row in global memory.
+//!
+//! Both read `state` and write `new_state` (f32); positions past a sequence's length leave its
+//! state as it was, so a length-0 sequence copies its state through.
 
-use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, lens_buf};
+use crate::cube::buffers::{
+    arg, contiguous_as, elemwise, empty, f32_buf, fold, handle_arg, lens_buf, with_float,
+};
+use crate::cube::reduce::plane_reduce;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
+
+/// Lanes that split one state row's `N` entries (a divisor of 32, so a warp holds whole rows).
+pub const LANES: usize = 8;
+const _: () = assert!(
+    LANES == 8,
+    "the shuffle masks of scan_rows_kernel assume 8 lanes"
+);
+/// State rows per cube of [`scan_rows_kernel`] (`LANES · ROWS` = 128 units).
+pub const ROWS: usize = 16;
+/// Time steps staged per tile, at most; fewer for larger `N` ([`tile`]).
+pub const TILE: usize = 32;
+
+/// Which scan kernel runs, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanPath {
+    /// [`scan_rows_kernel`] with `per = N / LANES` entries per lane and `tile` steps per tile.
+    Rows { per: usize, tile: usize },
+    /// [`selective_scan_kernel`]: `N` is not a multiple of [`LANES`] (or is 0).
+    Sequential,
+}
+
+/// The path for a state of `n` entries per row (pure; tested on the host).
+pub fn plan(n: usize) -> ScanPath {
+    if n == 0 || n % LANES != 0 {
+        return ScanPath::Sequential;
+    }
+    ScanPath::Rows {
+        per: n / LANES,
+        tile: tile(n),
+    }
+}
+
+/// Steps per staged tile for `n` state entries: [`TILE`], fewer so `B` and `C` (`2 · tile · N`
+/// f32) take at most 16 KiB of shared memory — 16 steps at `N = 128`. (A 32-step tile at
+/// `N = 128`, 35.5 KiB in all, did not launch on lavapipe: its outputs stayed unwritten.)
+pub fn tile(n: usize) -> usize {
+    (2048 / n.max(1)).clamp(1, TILE)
+}
+
+/// `y[b, t, h, p]` and the final state of rows `(b, h, p)` of one cube; see the module docs.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn scan_rows_kernel<F: Float>(
+    x: &[F],
+    dt: &[f32],
+    a: &[f32],
+    bm: &[F],
+    cm: &[F],
+    d: &[f32],
+    lens: &[u32],
+    state: &[f32],
+    new_state: &mut [f32],
+    y: &mut [F],
+    batch: u32,
+    t_max: u32,
+    heads: u32,
+    head_dim: u32,
+    groups: u32,
+    #[comptime] per: usize,
+    #[comptime] tile: usize,
+    #[comptime] ragged: bool,
+    #[comptime] plane: bool,
+) {
+    let n = comptime!(per * LANES);
+    let (t_max, h, p, g) = (
+        t_max as usize,
+        heads as usize,
+        head_dim as usize,
+        groups as usize,
+    );
+    let blocks = p.div_ceil(ROWS);
+    let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    // Cubes past the end (the folded grid's last row) leave; uniform over the cube.
+    if cube >= batch as usize * h * blocks {
+        terminate!();
+    }
+    let pb = cube % blocks;
+    let hh = (cube / blocks) % h;
+    let b = cube / (blocks * h);
+    let lane = UNIT_POS_X as usize;
+    let row = UNIT_POS_Y as usize;
+    let u = row * LANES + lane;
+    let pp = pb * ROWS + row;
+    let valid = pp < p;
+    // Rows past `P` compute on the last row and are never written.
+    let pr = pp.min(p - 1);
+    let gg = hh / (h / g);
+    let mut len = t_max;
+    if ragged {
+        len = lens[b] as usize;
+    }
+    let srow = ((b * h + hh) * p + pr) * n;
+    let mut s = Array::<f32>::new(per);
+    #[unroll]
+    for i in 0..per {
+        s[i] = state[srow + lane + i * LANES];
+    }
+    let (av, dv) = (a[hh], d[hh]);
+    let mut bs = Shared::<[f32]>::new_slice(comptime!(tile * n));
+    let mut cs = Shared::<[f32]>::new_slice(comptime!(tile * n));
+    let mut xs = Shared::<[f32]>::new_slice(comptime!(tile * ROWS));
+    let mut ds = Shared::<[f32]>::new_slice(tile);
+    let mut es = Shared::<[f32]>::new_slice(tile);
+    let mut part = Shared::<[f32]>::new_slice(comptime!(if plane { 1 } else { ROWS * LANES }));
+    let units = comptime!(ROWS * LANES);
+    let mut t0 = 0usize;
+    while t0 < len {
+        let steps = (len - t0).min(tile);
+        // Stage the tile: B and C rows of group `gg`, dt and its decay, x of the cube's rows.
+        let mut j = u;
+        while j < steps * n {
+            let tl = j / n;
+            let at = ((b * t_max + t0 + tl) * g + gg) * n + j % n;
+            bs[j] = f32::cast_from(bm[at]);
+            cs[j] = f32::cast_from(cm[at]);
+            j += units;
+        }
+        if u < steps {
+            let dtv = dt[(b * t_max + t0 + u) * h + hh];
+            ds[u] = dtv;
+            es[u] = (dtv * av).exp();
+        }
+        j = u;
+        while j < steps * ROWS {
+            let tl = j / ROWS;
+            let r = (pb * ROWS + j % ROWS).min(p - 1);
+            xs[j] = f32::cast_from(x[((b * t_max + t0 + tl) * h + hh) * p + r]);
+            j += units;
+        }
+        sync_cube();
+        for tl in 0..steps {
+            let xv = xs[tl * ROWS + row];
+            let dx = ds[tl] * xv;
+            let decay = es[tl];
+            let mut acc = 0.0f32;
+            #[unroll]
+            for i in 0..per {
+                let at = tl * n + lane + i * LANES;
+                let v = decay * s[i] + dx * bs[at];
+                s[i] = v;
+                acc += v * cs[at];
+            }
+            let out = ((b * t_max + t0 + tl) * h + hh) * p + pp;
+            if plane {
+                // Masks 4, 2, 1: the row's 8 lanes ([`LANES`]) are consecutive in the warp.
+                #[unroll]
+                for sh in 0..3u32 {
+                    acc += plane_shuffle_xor(acc, 4u32 >> sh);
+                }
+                if lane == 0 && valid {
+                    y[out] = F::cast_from(acc + dv * xv);
+                }
+            } else {
+                part[u] = acc;
+                sync_cube();
+                if lane == 0 && valid {
+                    let mut sum = 0.0f32;
+                    #[unroll]
+                    for l in 0..LANES {
+                        sum += part[row * LANES + l];
+                    }
+                    y[out] = F::cast_from(sum + dv * xv);
+                }
+                sync_cube();
+            }
+        }
+        sync_cube();
+        t0 += tile;
+    }
+    if valid {
+        #[unroll]
+        for i in 0..per {
+            new_state[srow + lane + i * LANES] = s[i];
+        }
+    }
+}
 
 #[cube(launch)]
 pub fn selective_scan_kernel(
@@ -77,8 +269,83 @@ pub fn selective_scan_kernel(
     }
 }
 
+/// The scan of `x` `[B, T, H, P]` with `dt` `[B, T, H]`, `B`/`C` `[B, T, G, N]` from `state`
+/// `[B, H, P, N]` (f32); see [`crate::NemotronOps::selective_scan`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    dt: CubeTensor<R>,
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    c: CubeTensor<R>,
+    d: CubeTensor<R>,
+    state: CubeTensor<R>,
+    lens: &[usize],
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (dtype, state_dtype) = (x.dtype, state.dtype);
+    let xs = x.meta.shape().clone();
+    let (bs, t, h, p) = (xs[0], xs[1], xs[2], xs[3]);
+    let bsh = b.meta.shape().clone();
+    let (g, n) = (bsh[2], bsh[3]);
+    let ScanPath::Rows { per, tile } = plan(n) else {
+        return launch_sequential(x, dt, a, b, c, d, state, lens);
+    };
+    // x, B, C and y in the activation type where it is a kernel float type, else f32.
+    let act = match dtype {
+        DType::BF16 | DType::F16 => dtype,
+        _ => DType::F32,
+    };
+    let (x, bm, cm) = (
+        contiguous_as(x, act),
+        contiguous_as(b, act),
+        contiguous_as(c, act),
+    );
+    let (dt, a, d, st) = (f32_buf(dt), f32_buf(a), f32_buf(d), f32_buf(state));
+    let ns = empty(&x, [bs, h, p, n], DType::F32);
+    let y = empty(&x, [bs, t, h, p], act);
+    let client = x.client.clone();
+    let lens = lens_buf(&client, lens);
+    let plane = plane_reduce(&client, 32);
+    let count = fold(bs * h * p.div_ceil(ROWS));
+    let dim = CubeDim::new_2d(LANES as u32, ROWS as u32);
+    macro_rules! go {
+        ($t:ty) => {
+            scan_rows_kernel::launch::<$t, R>(
+                &client,
+                count.clone(),
+                dim,
+                arg(&x),
+                arg(&dt),
+                arg(&a),
+                arg(&bm),
+                arg(&cm),
+                arg(&d),
+                match &lens {
+                    Some((hd, len)) => handle_arg(hd, *len),
+                    None => arg(&a),
+                },
+                arg(&st),
+                arg(&ns),
+                arg(&y),
+                bs as u32,
+                t as u32,
+                h as u32,
+                p as u32,
+                g as u32,
+                per,
+                tile,
+                lens.is_some(),
+                plane,
+            )
+        };
+    }
+    with_float!(act, go);
+    (contiguous_as(y, dtype), contiguous_as(ns, state_dtype))
+}
+
+/// [`selective_scan_kernel`]'s launch (any `N`; the reference's order of operations).
+#[allow(clippy::too_many_arguments)]
+pub fn launch_sequential<R: CubeRuntime>(
     x: CubeTensor<R>,
     dt: CubeTensor<R>,
     a: CubeTensor<R>,

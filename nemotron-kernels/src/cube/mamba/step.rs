@@ -2,13 +2,20 @@
 //! state in slot `slots[b]` of a pool, updated in place (a negative slot is a pad row: zeros out,
 //! nothing written). Inputs and outputs in the activation storage type `F`, the SSM pool in f32.
 //!
-//! - conv step: one unit per `(b, c)`: `y = silu(bias + Σ_k<K-1 w[c,k]·S[k] + w[c,K-1]·x)`, then
-//!   `S ← (S[1..], x)`.
+//! - conv step: one unit per `(b, c)`: `y = silu(bias + Σ_k<K-1 w[c,k]·S[t−K+1+k] + w[c,K-1]·x)`
+//!   over the channel's ring `S` of `K` entries (time `t` at `t mod K`, `t = lens[slot]`), then
+//!   `S[t mod K] ← x`. The entry written is the one no reader of this step needs, so cubes may
+//!   read a channel while another writes it.
 //! - SSM step: a cube per `(b, h, 8 rows of p)`, [`SSM_LANES`] lanes striding over the state
 //!   dimension `n` (coalesced): `dt = softplus(dt_raw + dt_bias)` (floored, rounded to `F` as the
 //!   separate op stores it), `S[n] ← exp(dt·A)·S[n] + dt·x·B[n]`, `y = Σ_n S[n]·C[n] + D·x`
 //!   (lanes reduced by warp shuffle on CUDA, through shared memory elsewhere); `x`, `B`, `C` are
 //!   read in place from the conv step's `[B, H·P + 2·G·N]` output (no slicing copies).
+//! - Both in one launch (`conv_ssm_step`): the SSM cube convolves what it reads from the raw
+//!   `in_proj` row — its group's `2N` `B`/`C` channels once into shared memory (one cube per
+//!   group, the group's first head's first row block, writes their rings), each row's `x`
+//!   channel in the row's lanes (lane 0 writes its ring) — with the conv step's arithmetic and
+//!   its rounding to `F`, so the values are those of the two launches.
 
 use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float};
 use crate::cube::reduce::{lane_sum, plane_reduce};
@@ -22,12 +29,49 @@ use cubecl::prelude::*;
 pub const SSM_LANES: u32 = 32;
 pub const SSM_ROWS: u32 = 8;
 
+/// One channel's conv output for this token (rounded to `F` as the conv step stores it): `at`
+/// indexes the raw input in `x`, the ring of `(slot, ch)` lives at `(slot · width + ch) · k`;
+/// `write`: store the input at `len mod k`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn conv_tap<F: Float>(
+    x: &[F],
+    w: &[F],
+    bias: &[F],
+    ring: &mut [F],
+    at: usize,
+    ch: usize,
+    slot: usize,
+    width: usize,
+    k: usize,
+    len: usize,
+    write: bool,
+    #[comptime] has_bias: bool,
+) -> f32 {
+    let base = (slot * width + ch) * k;
+    let xv = f32::cast_from(x[at]);
+    let mut acc = 0.0f32;
+    if has_bias {
+        acc = f32::cast_from(bias[ch]);
+    }
+    for kk in 0..k - 1 {
+        acc += f32::cast_from(w[ch * k + kk]) * f32::cast_from(ring[base + (len + 1 + kk) % k]);
+    }
+    acc += f32::cast_from(w[ch * k + k - 1]) * xv;
+    if write {
+        ring[base + len % k] = x[at];
+    }
+    f32::cast_from(F::cast_from(acc / (1.0f32 + (-acc).exp())))
+}
+
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn conv_step_kernel<F: Float>(
     x: &[F],
     w: &[F],
     bias: &[F],
     pool: &mut [F],
+    lens: &[i32],
     slots: &[i32],
     y: &mut [F],
     rows: u32,
@@ -47,24 +91,22 @@ pub fn conv_step_kernel<F: Float>(
         y[id] = F::cast_from(0.0f32);
         terminate!();
     }
-    let km1 = k - 1;
-    let base = (slot as usize * ch + c) * km1;
-    let xv = f32::cast_from(x[id]);
-    let mut acc = 0.0f32;
-    if has_bias {
-        acc = f32::cast_from(bias[c]);
-    }
-    for kk in 0..km1 {
-        acc += f32::cast_from(w[c * k + kk]) * f32::cast_from(pool[base + kk]);
-    }
-    acc += f32::cast_from(w[c * k + km1]) * xv;
-    y[id] = F::cast_from(acc / (1.0f32 + (-acc).exp()));
-    for kk in 1..km1 {
-        pool[base + kk - 1] = pool[base + kk];
-    }
-    if km1 > 0 {
-        pool[base + km1 - 1] = x[id];
-    }
+    let len = lens[slot as usize] as usize;
+    let v = conv_tap::<F>(
+        x,
+        w,
+        bias,
+        pool,
+        id,
+        c,
+        slot as usize,
+        ch,
+        k,
+        len,
+        true,
+        has_bias,
+    );
+    y[id] = F::cast_from(v);
 }
 
 pub fn conv_launch<R: CubeRuntime>(
@@ -72,24 +114,18 @@ pub fn conv_launch<R: CubeRuntime>(
     weight: CubeTensor<R>,
     bias: Maybe<CubeBackend<R>>,
     pool: CubeTensor<R>,
+    lens: CubeTensor<R>,
     slots: CubeTensor<R>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let x = float_buf(x);
     let dtype = x.dtype;
-    assert_eq!(
-        pool.dtype, dtype,
-        "conv_step: the state pool must be in the activation dtype"
-    );
-    assert!(
-        pool.is_contiguous(),
-        "conv_step: the state pool must be contiguous"
-    );
+    check_ring(&pool, dtype);
     let shape = x.meta.shape().clone();
     let (rows, c) = (shape[0], shape[1]);
     let k = weight.meta.shape()[1];
     let w = contiguous_as(weight, dtype);
     let bias = bias.into_option().map(|b| contiguous_as(b, dtype));
-    let slots = i32_buf(slots);
+    let (lens, slots) = (i32_buf(lens), i32_buf(slots));
     let y = empty(&x, [rows, c], dtype);
     let (count, dim) = elemwise(rows * c);
     macro_rules! go {
@@ -102,6 +138,7 @@ pub fn conv_launch<R: CubeRuntime>(
                 arg(&w),
                 arg(bias.as_ref().unwrap_or(&w)),
                 arg(&pool),
+                arg(&lens),
                 arg(&slots),
                 arg(&y),
                 rows as u32,
@@ -115,7 +152,28 @@ pub fn conv_launch<R: CubeRuntime>(
     (y, pool)
 }
 
+fn check_ring<R: CubeRuntime>(pool: &CubeTensor<R>, dtype: DType) {
+    assert_eq!(
+        pool.dtype, dtype,
+        "conv_step: the state pool must be in the activation dtype"
+    );
+    assert!(
+        pool.is_contiguous(),
+        "conv_step: the state pool must be contiguous"
+    );
+}
+
+/// The conv's share of a fused [`conv_ssm_launch`]: weight `[C, K]`, bias, the ring pool
+/// `[S, C, K]` and the slot lengths `[S]`.
+pub struct ConvIn<R: CubeRuntime> {
+    pub weight: CubeTensor<R>,
+    pub bias: Maybe<CubeBackend<R>>,
+    pub pool: CubeTensor<R>,
+    pub lens: CubeTensor<R>,
+}
+
 #[cube(launch)]
+#[allow(clippy::too_many_arguments)]
 pub fn ssm_step_kernel<F: Float>(
     xbc: &[F],
     dt: &[F],
@@ -125,15 +183,23 @@ pub fn ssm_step_kernel<F: Float>(
     slots: &[i32],
     pool: &mut [f32],
     y: &mut [F],
+    cw: &[F],
+    cbias: &[F],
+    cpool: &mut [F],
+    lens: &[i32],
     heads: u32,
     head_dim: u32,
     groups: u32,
     n_state: u32,
+    k: u32,
     dt_floor: f32,
     #[comptime] units: usize,
     #[comptime] plane: bool,
     #[comptime] per: usize,
+    #[comptime] conv: usize,
+    #[comptime] has_bias: bool,
 ) {
+    // `conv > 0`: `xbc` is the raw `in_proj` part and `conv = 2N` (the shared `B | C` tile).
     let (h, p, g, n) = (
         heads as usize,
         head_dim as usize,
@@ -146,6 +212,38 @@ pub fn ssm_step_kernel<F: Float>(
     let pp = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let slot = slots[b];
     let gg = hh / (h / g);
+    let bb = b * width + h * p + gg * n;
+    let cb = bb + g * n;
+    let mut sbc = Shared::<[f32]>::new_slice(comptime!(conv.max(1)));
+    let mut len = 0usize;
+    if conv > 0 {
+        if slot >= 0 {
+            len = lens[slot as usize] as usize;
+            let tid = (UNIT_POS_Y * CUBE_DIM_X + UNIT_POS_X) as usize;
+            let threads = (CUBE_DIM_X * CUBE_DIM_Y) as usize;
+            let writer = hh % (h / g) == 0 && CUBE_POS_X == 0;
+            let mut j = tid;
+            while j < 2 * n {
+                let at = if j < n { bb + j } else { cb + j - n };
+                sbc[j] = conv_tap::<F>(
+                    xbc,
+                    cw,
+                    cbias,
+                    cpool,
+                    at,
+                    at - b * width,
+                    slot as usize,
+                    width,
+                    k as usize,
+                    len,
+                    writer,
+                    has_bias,
+                );
+                j += threads;
+            }
+        }
+        sync_cube();
+    }
     let mut acc = 0.0f32;
     let mut xv = 0.0f32;
     if slot >= 0 && pp < p {
@@ -154,10 +252,26 @@ pub fn ssm_step_kernel<F: Float>(
         let sp = raw.max(0.0f32) + (-raw.abs()).exp().log1p();
         let dtv = f32::cast_from(F::cast_from(sp.max(dt_floor)));
         let decay = (dtv * f32::cast_from(a[hh])).exp();
-        xv = f32::cast_from(xbc[b * width + hh * p + pp]);
+        let xat = b * width + hh * p + pp;
+        if conv > 0 {
+            xv = conv_tap::<F>(
+                xbc,
+                cw,
+                cbias,
+                cpool,
+                xat,
+                hh * p + pp,
+                slot as usize,
+                width,
+                k as usize,
+                len,
+                UNIT_POS_X == 0,
+                has_bias,
+            );
+        } else {
+            xv = f32::cast_from(xbc[xat]);
+        }
         let row = ((slot as usize * h + hh) * p + pp) * n;
-        let bb = b * width + h * p + gg * n;
-        let cb = bb + g * n;
         if per > 0 {
             // `n = per · lanes`: the lane's whole share of the state row, `B` and `C` loaded
             // before any is used, the new state stored after (one memory latency, not `per`).
@@ -170,8 +284,13 @@ pub fn ssm_step_kernel<F: Float>(
             for i in 0..per {
                 let nn = lane + i * lanes;
                 st[i] = pool[row + nn];
-                bv[i] = f32::cast_from(xbc[bb + nn]);
-                cv[i] = f32::cast_from(xbc[cb + nn]);
+                if conv > 0 {
+                    bv[i] = sbc[nn];
+                    cv[i] = sbc[n + nn];
+                } else {
+                    bv[i] = f32::cast_from(xbc[bb + nn]);
+                    cv[i] = f32::cast_from(xbc[cb + nn]);
+                }
             }
             #[unroll]
             for i in 0..per {
@@ -186,9 +305,19 @@ pub fn ssm_step_kernel<F: Float>(
         } else {
             let mut nn = UNIT_POS_X as usize;
             while nn < n {
-                let s = decay * pool[row + nn] + dtv * xv * f32::cast_from(xbc[bb + nn]);
+                let bn = if conv > 0 {
+                    sbc[nn]
+                } else {
+                    f32::cast_from(xbc[bb + nn])
+                };
+                let cn = if conv > 0 {
+                    sbc[n + nn]
+                } else {
+                    f32::cast_from(xbc[cb + nn])
+                };
+                let s = decay * pool[row + nn] + dtv * xv * bn;
                 pool[row + nn] = s;
-                acc += s * f32::cast_from(xbc[cb + nn]);
+                acc += s * cn;
                 nn += CUBE_DIM_X as usize;
             }
         }
@@ -215,6 +344,53 @@ pub fn ssm_launch<R: CubeRuntime>(
     dims: ScanDims,
     dt_min: Option<f32>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (y, _, pool) = step_launch(xbc, dt, None, dt_bias, a, d, pool, slots, dims, dt_min);
+    (y, pool)
+}
+
+/// The conv step and the SSM step in one launch: `(y, conv pool, ssm pool)`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_ssm_launch<R: CubeRuntime>(
+    xbc: CubeTensor<R>,
+    dt: CubeTensor<R>,
+    conv: ConvIn<R>,
+    dt_bias: CubeTensor<R>,
+    a: CubeTensor<R>,
+    d: CubeTensor<R>,
+    pool: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    let (y, cp, pool) = step_launch(
+        xbc,
+        dt,
+        Some(conv),
+        dt_bias,
+        a,
+        d,
+        pool,
+        slots,
+        dims,
+        dt_min,
+    );
+    // `Some` in, `Some` out.
+    (y, cp.unwrap_or_else(|| unreachable!()), pool)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step_launch<R: CubeRuntime>(
+    xbc: CubeTensor<R>,
+    dt: CubeTensor<R>,
+    conv: Option<ConvIn<R>>,
+    dt_bias: CubeTensor<R>,
+    a: CubeTensor<R>,
+    d: CubeTensor<R>,
+    pool: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (CubeTensor<R>, Option<CubeTensor<R>>, CubeTensor<R>) {
     let xbc = float_buf(xbc);
     let dtype = xbc.dtype;
     assert_eq!(pool.dtype, DType::F32, "ssm_step: the state pool is f32");
@@ -232,6 +408,12 @@ pub fn ssm_launch<R: CubeRuntime>(
     let same = |t| contiguous_as(t, dtype);
     let (dt, dt_bias, a, d) = (same(dt), same(dt_bias), same(a), same(d));
     let slots = i32_buf(slots);
+    let conv = conv.map(|c| {
+        check_ring(&c.pool, dtype);
+        let k = c.weight.meta.shape()[1];
+        let bias = c.bias.into_option().map(same);
+        (same(c.weight), bias, c.pool, i32_buf(c.lens), k)
+    });
     let y = empty(&xbc, [rows, h, p], dtype);
     let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, h as u32, rows as u32);
     // A lane's share of a state row held in registers where it divides evenly (up to 8 values:
@@ -243,6 +425,14 @@ pub fn ssm_launch<R: CubeRuntime>(
     };
     // No floor: one below any softplus value (softplus > 0).
     let floor = dt_min.unwrap_or(-1.0);
+    // Without the conv its arguments are stand-ins the kernel never reads (the writable one a
+    // buffer of its own: wgpu refuses a buffer bound both read-only and writable).
+    let spare = empty(&xbc, [1], dtype);
+    let (cw, cb, cp, lens, k, has_bias) = match &conv {
+        Some((w, b, p, l, k)) => (w, b.as_ref().unwrap_or(w), p, l, *k, b.is_some()),
+        None => (&dt, &dt, &spare, &slots, 1, false),
+    };
+    let shared = if conv.is_some() { 2 * n } else { 0 };
     macro_rules! go {
         ($t:ty) => {
             ssm_step_kernel::launch::<$t, R>(
@@ -257,17 +447,24 @@ pub fn ssm_launch<R: CubeRuntime>(
                 arg(&slots),
                 arg(&pool),
                 arg(&y),
+                arg(cw),
+                arg(cb),
+                arg(cp),
+                arg(lens),
                 h as u32,
                 p as u32,
                 g as u32,
                 n as u32,
+                k as u32,
                 floor,
                 (SSM_LANES * SSM_ROWS) as usize,
                 plane_reduce(&xbc.client, SSM_LANES),
                 per,
+                shared,
+                has_bias,
             )
         };
     }
     with_float!(dtype, go);
-    (y, pool)
+    (y, conv.map(|c| c.2), pool)
 }
