@@ -4,7 +4,7 @@ use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::slots::SlotLayer;
 use crate::util::from_vec;
-use burn::tensor::{activation::softmax, Bool, DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{activation::softmax, DType, Device, Int, Tensor};
 use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::config::AttentionConfig;
 use nemotron_loader::AttentionWeights;
@@ -201,12 +201,15 @@ impl Attention {
             let scores = crate::util::to_f32(scores);
             // A single new token sees every key: no mask (and no host write in a decode step).
             let scores = if len > 1 {
-                let mask: Vec<bool> = (0..len)
-                    .flat_map(|i| (0..s).map(move |j| j > past + i))
-                    .collect();
-                let mask = Tensor::<2, Bool>::from_data(TensorData::new(mask, [len, s]), &dev)
-                    .unsqueeze::<3>()
-                    .expand([nh, len, s]);
+                // Key j is masked for query i when j > past + i: built on the device (a host
+                // mask was T·S bools built and uploaded per layer: 64 M at an 8K prompt).
+                let rows = Tensor::<1, Int>::arange(past as i64..(past + len) as i64, &dev)
+                    .reshape([len, 1])
+                    .expand([len, s]);
+                let cols = Tensor::<1, Int>::arange(0..s as i64, &dev)
+                    .reshape([1, s])
+                    .expand([len, s]);
+                let mask = cols.greater(rows).unsqueeze::<3>().expand([nh, len, s]);
                 scores.mask_fill(mask, MASKED)
             } else {
                 scores
