@@ -11,6 +11,8 @@
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
 #                the 10,922 tokens that crashed the slot-major expert grid), 8 decode steps
+#   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
+#   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
 #                the second needs .whl/ carried: tools/mamba_peer/build.sh)
@@ -68,6 +70,11 @@ while [ $# -gt 0 ]; do
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
+    p12k) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
+    hfm) wait_lt
+        run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
+          --runs 1x1024,16x128,64x128 --decode 8 --repeats 1 --mamba-ssm .whl ;;
     pncu) bench ncu_prefill.csv timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
           --metrics gpu__time_duration.sum --csv --print-units base \
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \

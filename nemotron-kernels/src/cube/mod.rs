@@ -43,6 +43,26 @@ pub fn set_fused(on: bool) {
     FUSED.store(on, Ordering::Relaxed);
 }
 
+/// Rows up to which the conv runs inside the SSM step when [`fused`]: one. On the H200
+/// (Lightning bf16, engine, graphs on) the fusions together took batch 16 from 7.25 to 7.88 ms
+/// per step and batch 64 from 15.11 to 17.60 ms (`bench --mma-min 'fuse=on;fuse=off'`,
+/// `docs/PERF.md` §14), while batch 1 ran at 2.62 ms (2.72 before them, another build).
+pub const FUSED_CONV_MAX_ROWS: usize = 1;
+
+static CONV_MAX_ROWS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(FUSED_CONV_MAX_ROWS);
+
+/// Sets the rows up to which the conv runs inside the SSM step (process-wide; the ops test runs
+/// the fused kernel over several rows with it).
+pub fn set_fused_conv_max_rows(rows: usize) {
+    CONV_MAX_ROWS.store(rows, Ordering::Relaxed);
+}
+
+/// The current value of [`set_fused_conv_max_rows`].
+pub fn fused_conv_max_rows() -> usize {
+    CONV_MAX_ROWS.load(Ordering::Relaxed)
+}
+
 /// The current value of [`set_fused`].
 pub fn fused() -> bool {
     FUSED.load(Ordering::Relaxed)
@@ -197,7 +217,9 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         dims: ScanDims,
         dt_min: Option<f32>,
     ) -> (T<R>, T<R>, T<R>) {
-        if !fused() {
+        // Fused up to FUSED_CONV_MAX_ROWS rows only: every (p-block, head) cube recomputes its
+        // group's conv taps, which costs more than the saved launch once rows grow.
+        if !fused() || xbc.meta.shape()[0] > fused_conv_max_rows() {
             let (x, cp) = mamba::step::conv_launch(
                 xbc,
                 conv_weight,

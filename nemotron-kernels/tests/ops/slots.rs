@@ -78,9 +78,12 @@ pub fn conv_step_matches(arm: &Arm) {
 /// and without the conv bias. Several heads share a group, so `B`/`C` are convolved by cubes
 /// that did not write their rings.
 pub fn conv_ssm_step_matches(arm: &Arm) {
+    // The fused kernel over several rows (by default it runs at one row only).
+    nemotron_kernels::cube::set_fused_conv_max_rows(usize::MAX);
     for (n, bias) in [(16, true), (128, true), (128, false)] {
         conv_ssm_case(arm, n, bias);
     }
+    nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
 }
 
 fn conv_ssm_case(arm: &Arm, n: usize, with_bias: bool) {
