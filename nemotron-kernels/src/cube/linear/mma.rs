@@ -28,7 +28,8 @@
 //! exact in both cases (bf16 · bf16 and E4M3 · E4M3 fit f32), so results differ from the GEMVs
 //! by summation order only: the bf16 band of the ops tests.
 //!
-//! Grid: x = 16-row tiles, y = experts (routed) or 1; the [`WARPS`] warps of a cube split K and
+//! Grid: x = 16-row tiles, y = experts (grouped), slots (slot-major, folded onto z past 65,535)
+//! or 1; the [`WARPS`] warps of a cube split K and
 //! sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
 //! no slot leaves at once.
 
