@@ -4,13 +4,17 @@ use crate::cache::{LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::slots::SlotLayer;
 use crate::util::from_vec;
-use burn::tensor::{activation::softmax, DType, Device, Int, Tensor};
+use burn::tensor::{activation::softmax, DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::config::AttentionConfig;
 use nemotron_loader::AttentionWeights;
 
 /// Masked scores: finite (WGSL has no infinity literal) and far below any real score.
 const MASKED: f32 = -1.0e30;
+
+/// The most f32 scores (`B · heads · T²`) the batched prefill of fresh sequences holds at once
+/// (1 GiB); larger batches take one sequence at a time, as long prompts did before.
+const FRESH_MAX_SCORES: usize = 1 << 28;
 
 /// The q/k/v projections: dense weights stacked into one `[(NH + 2·KVH)·D, hidden]` matrix (one
 /// launch for the three, and decode attention reads its row in place), other forms apart.
@@ -158,6 +162,13 @@ impl Attention {
             ),
         };
         let scale = (hd as f64).powf(-0.5);
+        let fresh = states.iter().all(|st| {
+            st.position == 0
+                && matches!(st.layers[layer], LayerState::Attention { k: None, v: None })
+        });
+        if fresh && self.rope_theta.is_none() && bsz > 1 && bsz * nh * t * t <= FRESH_MAX_SCORES {
+            return self.forward_fresh(q, k, v, lens, states, layer);
+        }
         let mut outs = Vec::with_capacity(bsz);
         for (b, st) in states.iter_mut().enumerate() {
             let len = lens[b];
@@ -226,6 +237,78 @@ impl Attention {
             outs.push(o);
         }
         self.o.forward(crate::util::stack(outs), Epilogue::None)
+    }
+}
+
+impl Attention {
+    /// The prefill of `B` sequences that hold no keys yet (no RoPE) in one batched pass instead
+    /// of one pass per sequence (64 × 6 layers of host-driven ops at 64 × 128): query heads
+    /// grouped by their kv head, `[B·KVH, rep·T, D] · [B·KVH, D, T]` (no expanded K/V copies),
+    /// one causal mask for all, rows past a sequence's length zeroed as the per-sequence pass
+    /// leaves them. The same operations per element as that
+    /// pass (scores scaled in the activation dtype, softmax in f32, a bf16 `P · V`).
+    fn forward_fresh(
+        &self,
+        q: Tensor<3>,
+        k: Tensor<3>,
+        v: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+    ) -> Tensor<3> {
+        let [bsz, t, _] = q.dims();
+        let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let rep = nh / kvh;
+        let (dev, dtype) = (q.device(), q.dtype());
+        // Query head `h` reads kv head `h / rep`: [B, T, KVH, rep, D] → [B·KVH, rep·T, D].
+        let qg = q
+            .reshape([bsz, t, kvh, rep, hd])
+            .permute([0, 2, 3, 1, 4])
+            .reshape([bsz * kvh, rep * t, hd]);
+        let kh = k.reshape([bsz, t, kvh, hd]).swap_dims(1, 2);
+        let vh = v.reshape([bsz, t, kvh, hd]).swap_dims(1, 2);
+        for (b, st) in states.iter_mut().enumerate() {
+            let len = lens[b];
+            let one = |x: &Tensor<4>| -> Tensor<3> {
+                x.clone()
+                    .slice_dim(0, b..b + 1)
+                    .slice_dim(2, 0..len)
+                    .reshape([kvh, len, hd])
+            };
+            st.layers[layer] = LayerState::Attention {
+                k: Some(one(&kh)),
+                v: Some(one(&vh)),
+            };
+        }
+        let scale = (hd as f64).powf(-0.5);
+        let kt = kh.reshape([bsz * kvh, t, hd]).swap_dims(1, 2);
+        let scores = ops::matmul(qg, kt) * scale;
+        let scores = crate::util::to_f32(scores).reshape([bsz, nh, t, t]);
+        // Key `j` masked for query `i` where `j > i`. A row within its sequence's length sees
+        // only keys within it; rows past it are zeroed below, so no length mask is needed.
+        let rows = Tensor::<1, Int>::arange(0..t as i64, &dev)
+            .reshape([1, 1, t, 1])
+            .expand([1, 1, t, t]);
+        let cols = Tensor::<1, Int>::arange(0..t as i64, &dev).reshape([1, 1, 1, t]);
+        let mask = cols.clone().expand([1, 1, t, t]).greater(rows);
+        let scores = scores.mask_fill(mask.expand([bsz, nh, t, t]), MASKED);
+        let probs =
+            crate::util::from_f32(softmax(scores, 3), dtype).reshape([bsz * kvh, rep * t, t]);
+        let o = ops::matmul(probs, vh.reshape([bsz * kvh, t, hd]))
+            .reshape([bsz, kvh, rep, t, hd])
+            .permute([0, 3, 1, 2, 4])
+            .reshape([bsz, t, nh * hd]);
+        // Rows past a sequence's length: zeros (the lengths in `arange`'s index dtype).
+        let lens_t = Tensor::<1, Int>::from_data(
+            TensorData::new(lens.iter().map(|&l| l as i64).collect::<Vec<_>>(), [bsz]),
+            (&dev, cols.dtype()),
+        );
+        let valid = cols
+            .reshape([1, t, 1])
+            .expand([bsz, t, 1])
+            .lower(lens_t.reshape([bsz, 1, 1]).expand([bsz, t, 1]));
+        let o = o.mask_fill(valid.bool_not().expand([bsz, t, nh * hd]), 0.0);
+        self.o.forward(o, Epilogue::None)
     }
 }
 

@@ -1,10 +1,13 @@
 //! Batched `c[b, m, n] = Σ_k a[b, m, k] · w[b, k, n]` in any float storage type `F`, accumulated
 //! in f32 term by term (no tensor cores, no reordering beyond the split below): the exact matmul
 //! every arm shares for the dense linears, the router and attention.
-//! Grid: a cube covers [`MATMUL_COLS`] consecutive columns of one row `(b, m)`; its
-//! [`MATMUL_SPLITS`] unit rows split `K` (unit row `y` sums `k ≡ y mod splits`) and add their
-//! partial sums through shared memory. Reads of `w` are coalesced along the columns; the split
-//! keeps a batch-1 GEMV busy.
+//! Grid: a cube covers [`MATMUL_COLS`] consecutive columns of [`MATMUL_ROWS`] rows of one batch
+//! (one row in products of fewer than [`MATMUL_ROWS_FROM`] rows); its [`MATMUL_SPLITS`] unit
+//! rows split `K` (unit row `y` sums `k ≡ y mod splits`) and add their partial sums through
+//! shared memory. Reads of `w` are coalesced along the columns and shared by the cube's rows
+//! (one row per cube read `w` once per row: the prefill router at 1,024 rows re-read its 32-column slabs 1,024 times, 0.21 ms
+//! per layer on the H200, PERF §15); the split keeps a batch-1 GEMV busy. Every output's sum
+//! runs in the same order whatever the rows per cube.
 
 //!
 //! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —
@@ -259,6 +262,11 @@ pub fn plan(dtype: DType, m: usize, k: usize, n: usize) -> MatmulPath {
 pub const MATMUL_COLS: u32 = 32;
 /// Unit rows splitting K (a power of two).
 pub const MATMUL_SPLITS: u32 = 16;
+/// Rows of one batch per cube, from [`MATMUL_ROWS_FROM`] rows in all.
+pub const MATMUL_ROWS: usize = 8;
+/// Rows (all batches) from which a cube takes [`MATMUL_ROWS`]: below, one row per cube keeps
+/// the grid wide (a decode batch's router, 64 rows × 4 column blocks, would shrink to 32 cubes).
+pub const MATMUL_ROWS_FROM: usize = 1024;
 
 #[cube(launch)]
 pub fn matmul_kernel<F: Float>(
@@ -271,41 +279,65 @@ pub fn matmul_kernel<F: Float>(
     n: u32,
     #[comptime] cols: usize,
     #[comptime] splits: usize,
+    #[comptime] rows: usize,
 ) {
     let (m, k, n) = (m as usize, k as usize, n as usize);
     let col = CUBE_POS_X as usize * cols + UNIT_POS_X as usize;
-    // Rows `(b, m)` folded over y and z ([`yz`]); cubes past them leave (uniform per cube).
+    // Blocks of `rows` rows of one batch folded over y and z ([`yz`]); cubes past them leave
+    // (uniform per cube).
+    let mb = m.div_ceil(rows);
     let r = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
-    if r >= batch as usize * m {
+    if r >= batch as usize * mb {
         terminate!();
     }
-    let row = r % m;
-    let bb = r / m;
+    let row0 = (r % mb) * rows;
+    let bb = r / mb;
     let y = UNIT_POS_Y as usize;
-    let mut acc = 0.0f32;
+    let mut acc = Array::<f32>::new(rows);
+    #[unroll]
+    for i in 0..rows {
+        acc[i] = 0.0f32;
+    }
     if col < n {
         let mut kk = y;
         while kk < k {
-            acc += f32::cast_from(a[(bb * m + row) * k + kk])
-                * f32::cast_from(w[(bb * k + kk) * n + col]);
+            let wv = f32::cast_from(w[(bb * k + kk) * n + col]);
+            #[unroll]
+            for i in 0..rows {
+                // Rows past the end repeat the last one and are never written.
+                let row = (row0 + i).min(m - 1);
+                acc[i] += f32::cast_from(a[(bb * m + row) * k + kk]) * wv;
+            }
             kk += splits;
         }
     }
-    let mut sm = Shared::<[f32]>::new_slice(cols * splits);
+    let mut sm = Shared::<[f32]>::new_slice(cols * splits * rows);
     let x = UNIT_POS_X as usize;
-    sm[y * cols + x] = acc;
+    #[unroll]
+    for i in 0..rows {
+        sm[(i * splits + y) * cols + x] = acc[i];
+    }
     sync_cube();
     // A runtime stride (a comptime one would be folded at expansion time).
     let mut stride = (CUBE_DIM_Y / 2) as usize;
     while stride > 0 {
         if y < stride {
-            sm[y * cols + x] = sm[y * cols + x] + sm[(y + stride) * cols + x];
+            #[unroll]
+            for i in 0..rows {
+                let at = (i * splits + y) * cols + x;
+                sm[at] = sm[at] + sm[at + stride * cols];
+            }
         }
         sync_cube();
         stride /= 2;
     }
     if y == 0 && col < n {
-        c[(bb * m + row) * n + col] = F::cast_from(sm[x]);
+        #[unroll]
+        for i in 0..rows {
+            if row0 + i < m {
+                c[(bb * m + row0 + i) * n + col] = F::cast_from(sm[i * splits * cols + x]);
+            }
+        }
     }
 }
 
@@ -333,7 +365,12 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
         }
     }
     let c = empty(&a, [bs, m, n], dtype);
-    let (gy, gz) = yz(bs * m);
+    let rows = if m >= MATMUL_ROWS && bs * m >= MATMUL_ROWS_FROM {
+        MATMUL_ROWS
+    } else {
+        1
+    };
+    let (gy, gz) = yz(bs * m.div_ceil(rows));
     let count = CubeCount::Static(n.div_ceil(MATMUL_COLS as usize) as u32, gy, gz);
     let dim = CubeDim::new_2d(MATMUL_COLS, MATMUL_SPLITS);
     macro_rules! go {
@@ -351,6 +388,7 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
                 n as u32,
                 MATMUL_COLS as usize,
                 MATMUL_SPLITS as usize,
+                rows,
             )
         };
     }

@@ -390,6 +390,8 @@ fn mma_linears_case(arm: &Arm) {
         (16, 50, 64),
         (37, 24, 128),
         (70, 16, 96),
+        // Past one block of rows (grid y): 3 blocks, the last ragged.
+        (150, 24, 256),
     ] {
         let w = [nvfp4_case(&mut rng, n, k)];
         let x = rng.vec(m * k, 1.0);
@@ -451,6 +453,7 @@ fn mma_linears_case(arm: &Arm) {
         (5, 2688, [40, 56, 8]),
         (16, 48, [5, 70, 16]),
         (33, 4096, [24, 8, 9]),
+        (150, 256, [16, 8, 24]),
     ] {
         let n: usize = widths.iter().sum();
         let x = rng.vec(m * k, 3.0);
@@ -495,7 +498,13 @@ fn mma_linears_case(arm: &Arm) {
         }
     }
     // Dense bf16 (attention projections): `k = 72` leaves a ragged last step.
-    for (m, n, k) in [(1, 40, 2688), (5, 40, 2688), (19, 33, 72), (64, 24, 4096)] {
+    for (m, n, k) in [
+        (1, 40, 2688),
+        (5, 40, 2688),
+        (19, 33, 72),
+        (64, 24, 4096),
+        (150, 33, 72),
+    ] {
         let x = rng.vec(m * k, 1.0);
         let w = rng.vec(n * k, 0.05);
         let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));

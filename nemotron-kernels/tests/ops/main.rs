@@ -174,6 +174,44 @@ fn grids_fold_within_limits() {
     }
 }
 
+/// The row blocks of a plain tensor-core call cover every row once, with no idle block, and
+/// their grid rows fold within the limits at any row count.
+#[cfg(feature = "cube")]
+#[test]
+fn mma_row_blocks_cover_rows() {
+    use nemotron_kernels::cube::buffers::{yz, MAX_CUBES};
+    use nemotron_kernels::cube::linear::mma::blocks;
+    for nt in [1usize, 2, 4, 8] {
+        for rows in [
+            1usize,
+            7,
+            63,
+            64,
+            65,
+            1_024,
+            12_288,
+            65_535 * 64 + 1,
+            1 << 26,
+        ] {
+            let (block, n) = blocks(rows, nt);
+            assert!(
+                block >= 8 * nt && block % (8 * nt) == 0,
+                "blocks({rows}, {nt}) = ({block}, {n})"
+            );
+            assert!(
+                block * n >= rows,
+                "blocks({rows}, {nt}) = ({block}, {n}) misses rows"
+            );
+            assert!(
+                block * (n - 1) < rows,
+                "blocks({rows}, {nt}) = ({block}, {n}): an idle block"
+            );
+            let (y, z) = yz(n);
+            assert!((y as usize) <= MAX_CUBES && (z as usize) <= MAX_CUBES);
+        }
+    }
+}
+
 /// Stamps each `name => body` into a wgpu f32 test and ignored CUDA f32 / bf16 tests.
 macro_rules! arms {
     ($($name:ident => $body:path),* $(,)?) => {

@@ -11,6 +11,8 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 37, 48, 20),
         (2, 3, 7, 40),
         (1, 2, 300, 33),
+        // Past MATMUL_ROWS_FROM rows: blocks of rows per batch, the last ragged.
+        (2, 519, 24, 40),
     ] {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);

@@ -28,9 +28,9 @@
 //! exact in both cases (bf16 · bf16 and E4M3 · E4M3 fit f32), so results differ from the GEMVs
 //! by summation order only: the bf16 band of the ops tests.
 //!
-//! Grid: x = 16-row tiles, y = experts (grouped), slots (slot-major, folded onto z past 65,535)
-//! or 1; the [`WARPS`] warps of a cube split K and
-//! sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
+//! Grid: x = 16-row tiles, y = experts (grouped), slots (slot-major) or blocks of rows (plain,
+//! [`blocks`]), the last two folded onto z past 65,535; the [`WARPS`] warps of a cube split K
+//! and sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
 //! no slot leaves at once.
 
 use super::super::buffers::{
@@ -389,6 +389,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     tokens: u32,
     pairs: u32,
     div: u32,
+    block: u32,
     #[comptime] nt: usize,
     #[comptime] kw: usize,
     #[comptime] grp: usize,
@@ -407,7 +408,15 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     if slot_major && by >= pairs as usize {
         terminate!();
     }
-    let e = if slot_major { members[by] as usize } else { by };
+    // Grouped: the grid row is the expert; slot-major: the slot's expert; plain: one weight
+    // (the grid row is a block of rows).
+    let mut e = by;
+    if slot_major {
+        e = members[by] as usize;
+    }
+    if !routed {
+        e = 0u32 as usize;
+    }
     let mut count = tokens as usize;
     // Grouped: `counts[e]` slots of expert `e` from `members[counts[E + e]]` (E = the grid's
     // rows, one per expert).
@@ -419,10 +428,18 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     if slot_major {
         count = 1u32 as usize;
     }
+    // Plain calls: this cube row's block of `block` rows ([`blocks`]).
+    // Routed calls pass `block = 0`: every cube starts at its first row.
+    let first = by * block as usize;
+    let end = if routed {
+        count
+    } else {
+        block_end(first, block, count)
+    };
     let (n_out, k) = (n_out as usize, k as usize);
     let tile = CUBE_POS_X as usize * 16;
     // Uniform over the cube (the `mma` and the cube syncs need every unit).
-    if count == 0 || tile >= n_out {
+    if count == 0 || tile >= n_out || first >= end {
         terminate!();
     }
     let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
@@ -433,8 +450,8 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     let (chunks, nb) = (k / 32, k / 16);
     let iters = chunks.div_ceil(4);
     let gs = globals[e];
-    let mut pass = 0usize;
-    while pass < count {
+    let mut pass = first;
+    while pass < end {
         let mut xrow = Array::<usize>::new(nt);
         let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
         #[unroll]
@@ -619,6 +636,7 @@ pub fn fp8_mma_kernel<NW: Size>(
     tokens: u32,
     gsize: u32,
     eps: f32,
+    block: u32,
     #[comptime] nt: usize,
     #[comptime] kw: usize,
     #[comptime] grp: usize,
@@ -629,9 +647,11 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] gnorm: bool,
 ) {
     let count = tokens as usize;
+    let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
+    let end = block_end(first, block, count);
     let (n_out, k) = (n_out as usize, k as usize);
     let tile = CUBE_POS_X as usize * 16;
-    if tile >= n_out {
+    if tile >= n_out || first >= end {
         terminate!();
     }
     let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
@@ -737,8 +757,8 @@ pub fn fp8_mma_kernel<NW: Size>(
         }
         sync_cube();
     }
-    let mut pass = 0usize;
-    while pass < count {
+    let mut pass = first;
+    while pass < end {
         let mut xrow = Array::<usize>::new(nt);
         let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
         #[unroll]
@@ -748,7 +768,7 @@ pub fn fp8_mma_kernel<NW: Size>(
             acc[2 * j + 1] = Vector::new(0.0f32);
         }
         let mut it0 = warp * grp;
-        if pipe && pass > 0 {
+        if pipe && pass > first {
             chunk_load(weight, row0, row1, chunks, it0, t, &mut na, &mut nb_, grp);
         }
         while it0 < iters {
@@ -857,15 +877,18 @@ pub fn dense_mma_kernel<NW: Size>(
     k: u32,
     n_out: u32,
     tokens: u32,
+    block: u32,
     #[comptime] nt: usize,
     #[comptime] kw: usize,
     #[comptime] grp: usize,
     #[comptime] pipe: bool,
 ) {
     let count = tokens as usize;
+    let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
+    let end = block_end(first, block, count);
     let (n_out, k) = (n_out as usize, k as usize);
     let tile = CUBE_POS_X as usize * 16;
-    if tile >= n_out {
+    if tile >= n_out || first >= end {
         terminate!();
     }
     let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
@@ -875,8 +898,8 @@ pub fn dense_mma_kernel<NW: Size>(
     let chunks = k / 8;
     let iters = chunks.div_ceil(4);
     let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
-    let mut pass = 0usize;
-    while pass < count {
+    let mut pass = first;
+    while pass < end {
         let mut xrow = Array::<usize>::new(nt);
         let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
         #[unroll]
@@ -956,6 +979,30 @@ pub fn dense_mma_kernel<NW: Size>(
         }
         pass += nt * 8;
     }
+}
+
+/// The end of the block of `block` rows from `first` in a call of `count` rows.
+#[cube]
+fn block_end(first: usize, block: u32, count: usize) -> usize {
+    let end = first + block as usize;
+    if end < count {
+        end
+    } else {
+        count
+    }
+}
+
+/// Passes of `8 · nt` rows a plain (unrouted) tensor-core cube takes: one. A prefill's rows
+/// then spread over grid y in blocks of one pass instead of one cube row walking them all:
+/// at 1,024 rows the FP8 `in_proj` had 644 cubes of 4 warps (≈ 20 warps per H200 SM) and the
+/// dense `o_proj` 168 cubes of 16 warps splitting K, each walking 16 passes (ncu, PERF §15).
+pub const BLOCK_PASSES: usize = 1;
+
+/// Rows per block and blocks (grid y, folded onto z past 65,535) of a plain call over `rows`
+/// rows taken `8 · nt` per pass (pure; tested on the host).
+pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
+    let block = 8 * nt * BLOCK_PASSES;
+    (block, rows.div_ceil(block).max(1))
 }
 
 /// Token tiles of 8 per pass for `per_expert` tokens on average.
@@ -1091,8 +1138,14 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         // Unread stand-ins.
         (c.x.clone(), c.x.clone(), 1, tiles(c.slots))
     };
+    // Plain calls: rows in blocks over grid y (routed calls keep y for experts or slots).
+    let (block, nblocks) = if c.routed {
+        (0, 1)
+    } else {
+        blocks(c.slots, nt)
+    };
     let kw = warps(
-        c.n.div_ceil(16) * experts,
+        c.n.div_ceil(16) * experts * nblocks,
         (c.k / 32).div_ceil(4),
         tuning().group,
     );
@@ -1103,10 +1156,11 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     unsafe {
         nvfp4_mma_kernel::launch_unchecked::<R>(
             client,
-            if grouped || !c.routed {
+            if grouped {
                 grid(c.n, experts)
             } else {
-                let (y, z) = yz(experts);
+                // Slot-major: one row per slot; plain: one row per block of rows.
+                let (y, z) = yz(if c.routed { experts } else { nblocks });
                 CubeCount::Static(c.n.div_ceil(16) as u32, y, z)
             },
             CubeDim::new_2d(32, kw as u32),
@@ -1128,6 +1182,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.slots as u32,
             c.slots as u32,
             c.div as u32,
+            block as u32,
             nt,
             kw,
             tuning().group,
@@ -1234,13 +1289,20 @@ fn fp8_with<R: CubeRuntime>(
         );
         xq
     };
-    let kw = warps(c.n.div_ceil(16), (c.k / 16).div_ceil(4), tuning().group);
+    let nt = tiles(c.slots);
+    let (block, nblocks) = blocks(c.slots, nt);
+    let kw = warps(
+        c.n.div_ceil(16) * nblocks,
+        (c.k / 16).div_ceil(4),
+        tuning().group,
+    );
+    let (gy, gz) = yz(nblocks);
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors; tokens and rows
     // past the ends are clamped and never written.
     unsafe {
         fp8_mma_kernel::launch_unchecked::<R>(
             client,
-            grid(c.n, 1),
+            CubeCount::Static(c.n.div_ceil(16) as u32, gy, gz),
             CubeDim::new_2d(32, kw as u32),
             4,
             arg(&xq),
@@ -1260,7 +1322,8 @@ fn fp8_with<R: CubeRuntime>(
             c.slots as u32,
             gsize as u32,
             eps,
-            tiles(c.slots),
+            block as u32,
+            nt,
             kw,
             tuning().group,
             c.relu2,
@@ -1290,14 +1353,21 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
     let x = super::super::buffers::contiguous_as(x.clone(), DType::BF16);
     let w = super::super::buffers::contiguous_as(w.clone(), DType::BF16);
     let y = empty(&x, [m, n], DType::BF16);
-    let kw = warps(n.div_ceil(16), (k / 8).div_ceil(4), tuning().group);
+    let nt = tiles(m);
+    let (block, nblocks) = blocks(m, nt);
+    let kw = warps(
+        n.div_ceil(16) * nblocks,
+        (k / 8).div_ceil(4),
+        tuning().group,
+    );
+    let (gy, gz) = yz(nblocks);
     // Safety: both buffers are contiguous bf16 of `m · k` and `n · k` values, read as `· / 2` u32
     // words in 16-byte vectors (`k % 8 == 0`); tokens and rows past the ends are clamped and never
     // written.
     unsafe {
         dense_mma_kernel::launch_unchecked::<R>(
             &x.client,
-            grid(n, 1),
+            CubeCount::Static(n.div_ceil(16) as u32, gy, gz),
             CubeDim::new_2d(32, kw as u32),
             4,
             handle_arg(&x.handle, m * k / 2),
@@ -1306,7 +1376,8 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
             k as u32,
             n as u32,
             m as u32,
-            tiles(m),
+            block as u32,
+            nt,
             kw,
             tuning().group,
             tuning().pipe,
