@@ -296,3 +296,161 @@ fn an_ignore_list_excludes_like_exclude_modules() {
     assert!(recipe.is_excluded("lm_head"));
     Checkpoint::load(d.path()).unwrap();
 }
+
+// Shard 3/6 (docs/RELIABILITY.md §3, session 15): the misses with a test each.
+
+/// `delete match arm Value::Null` in `check_dt_limit`: `time_step_limit: null` is no clamp.
+#[test]
+fn a_null_dt_limit_is_accepted() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| v["time_step_limit"] = Value::Null);
+    read_config(d.path()).unwrap();
+}
+
+/// `!= → ==` in `parse_layers`: both spellings present must agree, else the second is refused.
+#[test]
+fn a_layer_list_disagreeing_with_the_pattern_is_refused() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["layers_block_type"] =
+            serde_json::json!(["mamba", "moe", "attention", "mamba", "mlp", "mamba"])
+    });
+    let e = config_error(d.path());
+    assert!(
+        e.contains("layers_block_type") && e.contains("disagrees"),
+        "{e}"
+    );
+}
+
+/// `> → >=` in `opt_usize`: the largest size the loader takes is accepted, one more is not.
+#[test]
+fn config_integers_up_to_the_bound_are_accepted() {
+    let max = nemotron_loader::config::MAX_CONFIG_INT;
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| v["max_position_embeddings"] = max.into());
+    let (cfg, _) = read_config(d.path()).unwrap();
+    assert_eq!(cfg.max_position_embeddings, Some(max as usize));
+    edit_config(d.path(), |v| {
+        v["max_position_embeddings"] = (max + 1).into()
+    });
+    let e = config_error(d.path());
+    assert!(
+        e.contains("max_position_embeddings") && e.contains("exceeds"),
+        "{e}"
+    );
+}
+
+/// `Fields::bool → Ok(true)`: a required flag that is missing or false reads as such.
+#[test]
+fn required_flags_are_read_not_assumed() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v.as_object_mut().unwrap().remove("norm_topk_prob");
+    });
+    assert!(config_error(d.path()).contains("norm_topk_prob"));
+}
+
+/// `== → !=` in `quote_nonfinite`'s string scan: a bare `Infinity` is read while the same word
+/// inside a string is left alone (the mutant ends every string at its first character and
+/// quotes the word inside it, breaking the JSON).
+#[test]
+fn bare_infinity_is_read_and_inside_a_string_is_left_alone() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["time_step_limit"] = serde_json::json!([0.0, "BARE"]);
+        v["_note"] = "Infinity and NaN, in words".into();
+    });
+    let p = d.path().join("config.json");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("\"BARE\"", "Infinity");
+    assert!(text.contains("[0.0,Infinity]"), "{text}");
+    std::fs::write(&p, text).unwrap();
+    read_config(d.path()).unwrap();
+}
+
+/// `kv_cache_quant_algo`'s guard `== "FP8"` → `true`: another algorithm is refused by name.
+#[test]
+fn a_kv_cache_algorithm_other_than_fp8_is_refused() {
+    let d = checkpoint(SynthRecipe::NanoNvfp4);
+    let p = d.path().join("hf_quant_config.json");
+    let mut hq: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    hq["quantization"]["kv_cache_quant_algo"] = "INT8".into();
+    std::fs::write(&p, hq.to_string()).unwrap();
+    let e = config_error(d.path());
+    assert!(
+        e.contains("kv_cache_quant_algo") && e.contains("INT8"),
+        "{e}"
+    );
+}
+
+/// `bytes_identity_holds → true`: the identity is computed, and fails when a count is off.
+#[test]
+fn the_byte_identity_is_checked() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let ck = Checkpoint::load(d.path()).unwrap();
+    assert!(ck.report.bytes_identity_holds());
+    let mut r = ck.report.clone();
+    r.host_bytes += 1;
+    assert!(!r.bytes_identity_holds());
+}
+
+/// `delete match arm "F16"` in `DType::from_name`, and `Display` for `DType`.
+#[test]
+fn dtype_names_round_trip() {
+    use nemotron_loader::DType;
+    for t in [
+        DType::BF16,
+        DType::F16,
+        DType::F32,
+        DType::U8,
+        DType::F8E4M3,
+    ] {
+        assert_eq!(DType::from_name(&t.to_string()), Some(t), "{t:?}");
+    }
+    assert_eq!(DType::F16.to_string(), "F16");
+    assert_eq!(DType::from_name("F64"), None);
+}
+
+/// `|| → &&` in `HostTensor::rows`: a tensor with no rows, or bytes that are not whole rows,
+/// gives no rows (the mutant divides by zero on the first).
+#[test]
+fn rows_of_an_empty_or_ragged_tensor_are_none() {
+    use nemotron_loader::{DType, HostTensor};
+    let t = |shape: Vec<usize>, bytes: usize| HostTensor {
+        name: "t".into(),
+        dtype: DType::U8,
+        shape,
+        bytes: vec![0; bytes],
+    };
+    assert!(t(vec![0, 4], 0).rows(0..0).is_none());
+    assert!(t(vec![3], 7).rows(0..1).is_none());
+    assert_eq!(t(vec![3, 2], 6).rows(1..3).unwrap().shape, vec![2, 2]);
+}
+
+/// `&& → ||` in `parse_config_json_form`: an 8-bit integer KV-cache scheme is refused by name,
+/// not taken for FP8.
+#[test]
+fn an_int8_kv_cache_scheme_is_refused() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["quantization_config"]["kv_cache_scheme"]["type"] = "int".into();
+    });
+    let e = config_error(d.path());
+    assert!(
+        e.contains("kv_cache_scheme") && e.contains("only 8-bit float"),
+        "{e}"
+    );
+}
+
+/// `delete field source` in `QuantRecipe::from_sources` (the recipe's `source` label, an open
+/// miss since shard 1/6): a recipe read from both files says so.
+#[test]
+fn a_recipe_from_both_files_names_both() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let (_, recipe) = read_config(d.path()).unwrap();
+    assert_eq!(
+        recipe.source,
+        "config.json quantization_config + hf_quant_config.json"
+    );
+}

@@ -619,3 +619,83 @@ fn python_infinity_in_config_is_read() {
     std::fs::write(&p, text.replace("[0.0, Infinity]", "[0.001, Infinity]")).unwrap();
     mentions(&ck.refused(), &["time_step_limit", "no dt clamp"]);
 }
+
+/// `delete match arm (false, true)` in `check_kv_pairs` (RELIABILITY §3, shard 3/6): a v_scale
+/// shipped without its k_scale is refused naming the missing k_scale.
+#[test]
+fn v_scale_without_k_scale() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.2.mixer.k_proj.k_scale";
+    ck.edit_shard(name, |ts| ts.retain(|t| t.name != name));
+    ck.edit_json("model.safetensors.index.json", |v| {
+        v["weight_map"].as_object_mut().unwrap().remove(name);
+    });
+    mentions(&ck.refused(), &[name, "v_scale"]);
+}
+
+/// `&& → ||` in `Spec::shape_matches` (shard 3/6): a scalar shipped as two values is refused.
+#[test]
+fn scalar_shipped_as_two_values() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.2.mixer.k_proj.k_scale";
+    ck.edit_shard(name, |ts| {
+        let t = ts.iter_mut().find(|t| t.name == name).unwrap();
+        t.shape = vec![2];
+        t.bytes = [t.bytes.clone(), t.bytes.clone()].concat();
+    });
+    mentions(&ck.refused(), &[name, "[2]"]);
+}
+
+/// `Spec::is_scalar → true` (shard 3/6): a vector shipped as one value (`[1]`, the form a
+/// scalar may take) is refused.
+#[test]
+fn vector_shipped_as_one_value() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.0.norm.weight";
+    ck.edit_shard(name, |ts| {
+        let t = ts.iter_mut().find(|t| t.name == name).unwrap();
+        let per = t.bytes.len() / t.shape.iter().product::<usize>();
+        t.shape = vec![1];
+        t.bytes.truncate(per);
+    });
+    mentions(&ck.refused(), &[name, "[1]"]);
+}
+
+/// `> → >=` in `read_index` (shard 3/6): an index of exactly the largest size loads, one byte
+/// more is refused by size.
+#[test]
+fn an_index_of_exactly_the_size_bound_loads() {
+    let max = nemotron_loader::shards::MAX_INDEX_BYTES as usize;
+    let ck = Ck::new(LM, SHARD);
+    let p = ck.path().join("model.safetensors.index.json");
+    let mut text = std::fs::read_to_string(&p).unwrap();
+    text.push_str(&" ".repeat(max - text.len()));
+    std::fs::write(&p, &text).unwrap();
+    Checkpoint::load(ck.path()).unwrap();
+    text.push(' ');
+    std::fs::write(&p, &text).unwrap();
+    mentions(&ck.refused(), &["model.safetensors.index.json", "MiB"]);
+}
+
+/// The index reader's `expecting` (shard 3/6): a `weight_map` of the wrong type is refused
+/// saying what it should be.
+#[test]
+fn a_weight_map_that_is_not_an_object_says_what_it_should_be() {
+    let ck = Ck::new(LM, SHARD);
+    ck.edit_json("model.safetensors.index.json", |v| {
+        v["weight_map"] = json!(5)
+    });
+    mentions(&ck.refused(), &["object mapping tensor names"]);
+}
+
+/// `Spec::is_scalar → false` (found by name, session 16): a scalar shipped as `[1]` (as some
+/// exports write it) loads, with its value.
+#[test]
+fn scalar_shipped_as_one_value_loads() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.2.mixer.k_proj.k_scale";
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().shape = vec![1];
+    });
+    Checkpoint::load(ck.path()).unwrap();
+}
