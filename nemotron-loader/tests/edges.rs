@@ -18,11 +18,15 @@ fn checkpoint(recipe: SynthRecipe) -> tempfile::TempDir {
     d
 }
 
-fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
-    let p = dir.join("config.json");
+fn edit_json(dir: &Path, file: &str, f: impl FnOnce(&mut Value)) {
+    let p = dir.join(file);
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(p, v.to_string()).unwrap();
+}
+
+fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
+    edit_json(dir, "config.json", f);
 }
 
 fn config_error(dir: &Path) -> String {
@@ -286,12 +290,11 @@ fn an_open_dt_limit_is_accepted_and_a_clamp_is_not() {
 #[test]
 fn an_ignore_list_excludes_like_exclude_modules() {
     let d = checkpoint(SynthRecipe::NanoNvfp4);
-    let p = d.path().join("hf_quant_config.json");
-    let mut hq: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    let q = hq["quantization"].as_object_mut().unwrap();
-    let list = q.remove("exclude_modules").unwrap();
-    q.insert("ignore".into(), list);
-    std::fs::write(&p, hq.to_string()).unwrap();
+    edit_json(d.path(), "hf_quant_config.json", |hq| {
+        let q = hq["quantization"].as_object_mut().unwrap();
+        let list = q.remove("exclude_modules").unwrap();
+        q.insert("ignore".into(), list);
+    });
     let (_, recipe) = read_config(d.path()).unwrap();
     assert!(recipe.is_excluded("lm_head"));
     Checkpoint::load(d.path()).unwrap();
@@ -340,7 +343,7 @@ fn config_integers_up_to_the_bound_are_accepted() {
     );
 }
 
-/// `Fields::bool → Ok(true)`: a required flag that is missing or false reads as such.
+/// `Fields::bool → Ok(true)`: a required flag that is missing is refused, not read as true.
 #[test]
 fn required_flags_are_read_not_assumed() {
     let d = checkpoint(SynthRecipe::LightningMixed);
@@ -373,10 +376,9 @@ fn bare_infinity_is_read_and_inside_a_string_is_left_alone() {
 #[test]
 fn a_kv_cache_algorithm_other_than_fp8_is_refused() {
     let d = checkpoint(SynthRecipe::NanoNvfp4);
-    let p = d.path().join("hf_quant_config.json");
-    let mut hq: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    hq["quantization"]["kv_cache_quant_algo"] = "INT8".into();
-    std::fs::write(&p, hq.to_string()).unwrap();
+    edit_json(d.path(), "hf_quant_config.json", |hq| {
+        hq["quantization"]["kv_cache_quant_algo"] = "INT8".into()
+    });
     let e = config_error(d.path());
     assert!(
         e.contains("kv_cache_quant_algo") && e.contains("INT8"),

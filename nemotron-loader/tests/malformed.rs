@@ -52,6 +52,13 @@ impl Ck {
         write_raw(&p, &ts);
         p
     }
+    /// Removes `tensor` from its shard and from the index.
+    fn drop_tensor(&self, tensor: &str) {
+        self.edit_shard(tensor, |ts| ts.retain(|t| t.name != tensor));
+        self.edit_json("model.safetensors.index.json", |v| {
+            v["weight_map"].as_object_mut().unwrap().remove(tensor);
+        });
+    }
     fn index_set(&self, tensor: &str, file: &str) {
         self.edit_json("model.safetensors.index.json", |v| {
             v["weight_map"][tensor] = json!(file)
@@ -268,10 +275,7 @@ fn transposed_nvfp4_orientation() {
 fn missing_tensor() {
     let ck = Ck::new(LM, SHARD);
     let name = "backbone.layers.3.mixer.conv1d.bias";
-    ck.edit_shard(name, |ts| ts.retain(|t| t.name != name));
-    ck.edit_json("model.safetensors.index.json", |v| {
-        v["weight_map"].as_object_mut().unwrap().remove(name);
-    });
+    ck.drop_tensor(name);
     mentions(&ck.refused(), &[name, "missing", "Mamba2"]);
 }
 
@@ -528,10 +532,7 @@ fn nan_block_scale() {
 fn w4a4_without_input_scale() {
     let ck = Ck::new(SynthRecipe::NanoNvfp4, SHARD);
     let name = "backbone.layers.1.mixer.experts.2.up_proj.input_scale";
-    ck.edit_shard(name, |ts| ts.retain(|t| t.name != name));
-    ck.edit_json("model.safetensors.index.json", |v| {
-        v["weight_map"].as_object_mut().unwrap().remove(name);
-    });
+    ck.drop_tensor(name);
     mentions(&ck.refused(), &[name, "missing"]);
 }
 
@@ -539,10 +540,7 @@ fn w4a4_without_input_scale() {
 fn k_scale_without_v_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = "backbone.layers.2.mixer.v_proj.v_scale";
-    ck.edit_shard(name, |ts| ts.retain(|t| t.name != name));
-    ck.edit_json("model.safetensors.index.json", |v| {
-        v["weight_map"].as_object_mut().unwrap().remove(name);
-    });
+    ck.drop_tensor(name);
     mentions(&ck.refused(), &[name, "k_scale"]);
 }
 
@@ -626,10 +624,7 @@ fn python_infinity_in_config_is_read() {
 fn v_scale_without_k_scale() {
     let ck = Ck::new(LM, SHARD);
     let name = "backbone.layers.2.mixer.k_proj.k_scale";
-    ck.edit_shard(name, |ts| ts.retain(|t| t.name != name));
-    ck.edit_json("model.safetensors.index.json", |v| {
-        v["weight_map"].as_object_mut().unwrap().remove(name);
-    });
+    ck.drop_tensor(name);
     mentions(&ck.refused(), &[name, "v_scale"]);
 }
 

@@ -238,15 +238,13 @@ impl Attention {
         }
         self.o.forward(crate::util::stack(outs), Epilogue::None)
     }
-}
 
-impl Attention {
     /// The prefill of `B` sequences that hold no keys yet (no RoPE) in one batched pass instead
     /// of one pass per sequence (64 × 6 layers of host-driven ops at 64 × 128): query heads
     /// grouped by their kv head, `[B·KVH, rep·T, D] · [B·KVH, D, T]` (no expanded K/V copies),
     /// one causal mask for all, rows past a sequence's length zeroed as the per-sequence pass
-    /// leaves them. The same operations per element as that
-    /// pass (scores scaled in the activation dtype, softmax in f32, a bf16 `P · V`).
+    /// leaves them. The same operations per element as that pass (scores scaled in the
+    /// activation dtype, softmax in f32, `P · V` in the activation dtype).
     fn forward_fresh(
         &self,
         q: Tensor<3>,

@@ -17,7 +17,6 @@
 #   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
-#   pncu64       the same over a 64 x 128 ragged prefill (warm-up and one repeat: two passes)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
 #                the second needs .whl/ carried: tools/mamba_peer/build.sh)
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
@@ -94,11 +93,6 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
           --batch 1 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill.csv" ;;
-    pncu64) bench ncu_prefill64.csv timeout 500 /usr/local/cuda/bin/ncu --clock-control none \
-          --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
-          --batch 64 --decode 1 --repeats 1 --no-hf
-        xz -f "$OUT/ncu_prefill64.csv" ;;
     hf) wait_lt
         run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
           --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2

@@ -5,9 +5,9 @@
 //! (one row in products of fewer than [`MATMUL_ROWS_FROM`] rows); its [`MATMUL_SPLITS`] unit
 //! rows split `K` (unit row `y` sums `k ≡ y mod splits`) and add their partial sums through
 //! shared memory. Reads of `w` are coalesced along the columns and shared by the cube's rows
-//! (one row per cube read `w` once per row: the prefill router at 1,024 rows re-read its 32-column slabs 1,024 times, 0.21 ms
-//! per layer on the H200, PERF §15); the split keeps a batch-1 GEMV busy. Every output's sum
-//! runs in the same order whatever the rows per cube.
+//! (one row per cube read `w` once per row: the prefill router at 1,024 rows re-read its
+//! 32-column slabs 1,024 times, 0.21 ms per layer on the H200, PERF §15); the split keeps a
+//! batch-1 GEMV busy. Every output's sum runs in the same order whatever the rows per cube.
 
 //!
 //! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —

@@ -30,8 +30,8 @@
 //!
 //! Grid: x = 16-row tiles, y = experts (grouped), slots (slot-major) or blocks of rows (plain,
 //! [`blocks`]), the last two folded onto z past 65,535; the [`WARPS`] warps of a cube split K
-//! and sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose expert has
-//! no slot leaves at once.
+//! and sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose
+//! expert has no slot leaves at once.
 
 use super::super::buffers::{
     arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz, MAX_CUBES,
