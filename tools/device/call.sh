@@ -14,6 +14,7 @@
 #   ops F        only the ops tests whose names contain one of the comma-separated F
 #   pall         engine prefill and 64 decode steps at 1 x 1,024, 16 and 64 x 128 (one load)
 #   pf3          pf without the 12,288-token prompt
+#   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
 #   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
@@ -83,6 +84,11 @@ while [ $# -gt 0 ]; do
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
+    pcmp)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 1024 --batch 1,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     p12k) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
     hfm) wait_lt

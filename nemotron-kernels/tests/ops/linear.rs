@@ -367,19 +367,23 @@ fn mma_linears_case(arm: &Arm) {
     use nemotron_kernels::cube::linear::mma;
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
-    // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to).
+    // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to,
+    // tiled NVFP4 from).
     let paths = [
-        ("tensor cores", 1usize, 1usize, 8usize),
+        ("tensor cores", 1usize, 1usize, 8usize, usize::MAX),
+        ("tensor cores tiled", 1, 1, 8, 1),
         (
             "tensor cores slot-major, FP8 rows quantized apart",
             1,
             usize::MAX,
             0,
+            usize::MAX,
         ),
-        ("GEMV", usize::MAX, usize::MAX, 0),
+        ("GEMV", usize::MAX, usize::MAX, 0, usize::MAX),
     ];
-    let set = |rows: usize, slots: usize, inq: usize| {
+    let set = |rows: usize, slots: usize, inq: usize, tile: usize| {
         mma::set_mma_min(rows, slots);
+        mma::set_mma(mma::MmaMin { tile, ..mma::mma() });
         mma::set_fp8_inq_max(inq);
     };
     for (m, n, k) in [
@@ -401,8 +405,8 @@ fn mma_linears_case(arm: &Arm) {
                 &Nvfp4Weights::upload(&w, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq) in paths {
-                set(rows, slots, inq);
+            for (path, rows, slots, inq, tile) in paths {
+                set(rows, slots, inq, tile);
                 let got = host(ops::nvfp4_linear(
                     arm.t(&x, [m, k]),
                     &Nvfp4Weights::upload(&w, &arm.dev),
@@ -433,8 +437,8 @@ fn mma_linears_case(arm: &Arm) {
                 &Nvfp4Weights::upload(&nv, &href.dev),
                 epi,
             ));
-            for (path, rows_min, slots_min, inq) in paths {
-                set(rows_min, slots_min, inq);
+            for (path, rows_min, slots_min, inq, tile) in paths {
+                set(rows_min, slots_min, inq, tile);
                 let got = host(ops::nvfp4_expert_linear(
                     arm.t(&x, [rows, k]),
                     arm.int(&idx),
@@ -465,8 +469,8 @@ fn mma_linears_case(arm: &Arm) {
                 &Fp8Weights::upload(&f8, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq) in paths {
-                set(rows, slots, inq);
+            for (path, rows, slots, inq, tile) in paths {
+                set(rows, slots, inq, tile);
                 let got = host(ops::fp8_linear(
                     arm.t(&x, [m, k]),
                     &Fp8Weights::upload(&f8, &arm.dev),
@@ -508,8 +512,8 @@ fn mma_linears_case(arm: &Arm) {
         let x = rng.vec(m * k, 1.0);
         let w = rng.vec(n * k, 0.05);
         let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));
-        for (path, rows, slots, inq) in paths {
-            set(rows, slots, inq);
+        for (path, rows, slots, inq, tile) in paths {
+            set(rows, slots, inq, tile);
             let got = host(ops::dense_linear(arm.t(&x, [m, k]), arm.t(&w, [n, k])));
             close(
                 &format!("dense {path} {m}×{k}→{n}"),
@@ -611,8 +615,13 @@ pub fn grouped_experts_match(arm: &Arm) {
             &Nvfp4Weights::upload(&nv, &href.dev),
             epi,
         ));
-        for (path, slots_min) in [("grouped", 1usize), ("slot-major", usize::MAX)] {
+        for (path, slots_min, tile) in [
+            ("grouped", 1usize, usize::MAX),
+            ("grouped tiled", 1, 1),
+            ("slot-major", usize::MAX, usize::MAX),
+        ] {
             mma::set_mma_min(1, slots_min);
+            mma::set_mma(mma::MmaMin { tile, ..mma::mma() });
             let got = host(ops::nvfp4_expert_linear(
                 arm.t(&x, [tokens, k]),
                 arm.int(&idx),

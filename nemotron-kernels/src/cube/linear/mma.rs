@@ -110,6 +110,9 @@ pub struct MmaMin {
     pub dense: usize,
     pub slot_major: usize,
     pub grouped: usize,
+    /// Plain NVFP4 rows, and grouped routing slots, from which NVFP4 runs the tiled kernel
+    /// ([`super::tile`]: activations staged in shared memory, 64 weight rows per cube).
+    pub tile: usize,
 }
 
 impl Default for MmaMin {
@@ -120,23 +123,30 @@ impl Default for MmaMin {
             dense: MMA_MIN_ROWS,
             slot_major: MMA_MIN_ROWS,
             grouped: MMA_MIN_SLOTS,
+            tile: MMA_TILE_MIN,
         }
     }
 }
 
-static MIN: [AtomicUsize; 5] = [
+/// Plain rows / grouped routing slots from which NVFP4 runs the tiled kernel (the default of
+/// [`MmaMin::tile`]): prefill sizes only, so decode batches keep the kernels they were tuned
+/// with.
+pub const MMA_TILE_MIN: usize = 512;
+
+static MIN: [AtomicUsize; 6] = [
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_SLOTS),
+    AtomicUsize::new(MMA_TILE_MIN),
 ];
 
 /// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
 pub fn set_mma(m: MmaMin) {
     for (cell, v) in MIN
         .iter()
-        .zip([m.nvfp4, m.fp8, m.dense, m.slot_major, m.grouped])
+        .zip([m.nvfp4, m.fp8, m.dense, m.slot_major, m.grouped, m.tile])
     {
         cell.store(v, Ordering::Relaxed);
     }
@@ -151,11 +161,12 @@ pub fn mma() -> MmaMin {
         dense: v(2),
         slot_major: v(3),
         grouped: v(4),
+        tile: v(5),
     }
 }
 
 /// Every plain and slot-major path from `rows`, grouped routing from `slots` (`usize::MAX`
-/// turns a path off).
+/// turns a path off); the tiled NVFP4 kernel at its default.
 pub fn set_mma_min(rows: usize, slots: usize) {
     set_mma(MmaMin {
         nvfp4: rows,
@@ -163,6 +174,7 @@ pub fn set_mma_min(rows: usize, slots: usize) {
         dense: rows,
         slot_major: rows,
         grouped: slots,
+        tile: MMA_TILE_MIN,
     });
 }
 
@@ -217,7 +229,7 @@ fn supported<R: CubeRuntime>(
 /// `E2M1 · scale` of nibbles `(p, p + 4)` of `word` as a bf16 pair, exactly (see the module docs):
 /// the nibbles as f16 `E2M1 · 2^-14`, to f32, times `scale` (which carries the `2^14`), to bf16.
 #[cube]
-fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
+pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
     let mag = if p < 3 {
         (word << (9 - 4 * p)) & 0x0E00_0E00u32
     } else {
@@ -278,7 +290,7 @@ fn nvfp4_step<NX: Size>(
 /// chunk) with their block-scale words, for [`nvfp4_mma_kernel()`].
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn nvfp4_load<NW: Size>(
+pub(super) fn nvfp4_load<NW: Size>(
     packed: &[Vector<u32, NW>],
     scales: &[u32],
     row0: usize,
@@ -983,7 +995,7 @@ pub fn dense_mma_kernel<NW: Size>(
 
 /// The end of the block of `block` rows from `first` in a call of `count` rows.
 #[cube]
-fn block_end(first: usize, block: u32, count: usize) -> usize {
+pub(super) fn block_end(first: usize, block: u32, count: usize) -> usize {
     let end = first + block as usize;
     if end < count {
         end
@@ -1006,7 +1018,7 @@ pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
 }
 
 /// Token tiles of 8 per pass for `per_expert` tokens on average.
-fn tiles(per_expert: usize) -> usize {
+pub(super) fn tiles(per_expert: usize) -> usize {
     match per_expert.div_ceil(8) {
         0 | 1 => 1,
         2 => 2,
@@ -1100,6 +1112,9 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     if c.dtype != DType::BF16 || c.k % 32 != 0 || !enough || !supported(&c.x.client, bf16_mma, 16) {
         return None;
     }
+    if super::tile::applies(c, grouped) {
+        return super::tile::nvfp4(c, w);
+    }
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
     let (counts, members, experts, nt) = if c.routed && !grouped {
@@ -1112,19 +1127,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         // Up to MMA_MAX_SLOTS (decode batches) one cube groups them in shared memory; more
         // (prefill) sort on the device by counts, offsets and a scatter.
         let (counts, members) = if c.slots < sort_min_slots() {
-            let counts = empty(&c.x, [2 * n_experts], DType::U32);
-            let members = empty(&c.x, [n_experts * c.slots], DType::U32);
-            moe_group_kernel::launch::<R>(
-                client,
-                CubeCount::Static(1, 1, 1),
-                CubeDim::new_1d(256),
-                arg(ids),
-                arg(&counts),
-                arg(&members),
-                n_experts as u32,
-                c.slots,
-            );
-            (counts, members)
+            group_in_one_cube(c, ids, n_experts)
         } else {
             crate::cube::moe::group(ids, n_experts)
         };
@@ -1194,6 +1197,28 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         )
     };
     Some(c.y.clone())
+}
+
+/// Groups the routing slots `ids` by expert in one cube ([`moe_group_kernel`], up to
+/// [`MMA_MAX_SLOTS`] slots): `counts` = per-expert counts then offsets, `members` the slots.
+pub(super) fn group_in_one_cube<R: CubeRuntime>(
+    c: &Call<R>,
+    ids: &CubeTensor<R>,
+    n_experts: usize,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let counts = empty(&c.x, [2 * n_experts], DType::U32);
+    let members = empty(&c.x, [n_experts * c.slots], DType::U32);
+    moe_group_kernel::launch::<R>(
+        &c.x.client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(256),
+        arg(ids),
+        arg(&counts),
+        arg(&members),
+        n_experts as u32,
+        c.slots,
+    );
+    (counts, members)
 }
 
 /// Mamba2's gated group norm folded into an FP8 linear's in-kernel quantizing ([`fp8_gated`]):

@@ -7,6 +7,7 @@ pub mod fp8;
 pub mod grouped;
 pub mod mma;
 pub mod nvfp4;
+pub mod tile;
 
 use super::buffers::{arg, empty, float_buf, i32_buf};
 pub(crate) use super::reduce::lane_sum;

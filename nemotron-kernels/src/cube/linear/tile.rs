@@ -1,0 +1,344 @@
+//! Tensor-core NVFP4 linears over many rows (prefill): a cube of [`TILE_WARPS`] warps takes
+//! `16 · TILE_WARPS` weight rows × `8 · nt` tokens, the warps side by side over the rows instead
+//! of splitting K ([`super::mma`]'s kernel), and the tokens' activations staged in shared memory
+//! one 128-input step at a time.
+//!
+//! **Why.** In [`super::mma::nvfp4_mma_kernel()`] every lane loads its `B` fragments from global
+//! memory for each `mma`, and the 4 warps of a cube read different K ranges, so an activation
+//! vector fed 16 weight rows and was read again by every other row tile (L1/L2): at 1,024 tokens
+//! the routed experts ran at 66 TFLOP/s (PERF §15). Here a step's activations are read from
+//! global memory once per cube (coalesced, 256 bytes per token), feed 64 weight rows, and the
+//! next step's loads (activations and weights) are in flight while the current step's `mma`s
+//! run. No cross-warp sum: each warp owns its rows' whole K.
+//!
+//! **Math.** Exactly [`super::mma`]'s (module docs there): lane `(g, t)` decodes the E2M1 pairs
+//! of its own 16-byte weight chunk (chunk `4s + t` of step `s`) and feeds `B` with the
+//! activations at the same physical inputs, so every output's products and their per-chunk
+//! order match that kernel; f32 accumulation, the global scale and epilogue at the end.
+//!
+//! **Shared layout.** A step holds 16 vectors of 8 bf16 per token; vector `v` (chunk `v / 4`,
+//! word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4` with `RS` = [`ROW_STRIDE`] = 20: the 8
+//! lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`) then read 8 distinct 16-byte bank groups
+//! (4 consecutive vectors per token, the next token 64 bytes over) — no bank conflicts.
+//!
+//! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
+//! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::mma::blocks`],
+//! folded onto z past 65,535).
+
+use super::super::buffers::{arg, empty, yz, MAX_CUBES};
+use super::mma::{blocks, block_end, e2m1_pair, nvfp4_load, sort_min_slots, tiles};
+use super::{e4m3, epilogue, store3, Call};
+use crate::Nvfp4Weights;
+use burn::tensor::{bf16, DType};
+use burn_cubecl::tensor::CubeTensor;
+use burn_cubecl::{CubeBackend, CubeRuntime};
+use cubecl::cmma::MmaDefinition;
+use cubecl::prelude::*;
+
+/// Warps per cube, side by side over the weight rows (64 rows per cube).
+pub const TILE_WARPS: usize = 4;
+
+/// Shared-memory vectors per staged token (16 used, 4 of padding; module docs).
+pub const ROW_STRIDE: usize = 20;
+
+/// `y[s, n] = epi(gs[e] · Σ_j W_e[n, j] · x[s / div, j])` on the tensor cores, NVFP4 weights,
+/// bf16 activations staged in shared memory (module docs): for every slot of expert `e`
+/// (`routed`, grouped) or every row of `x` (plain).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
+    x: &[Vector<bf16, NX>],
+    counts: &[u32],
+    members: &[u32],
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    globals: &[f32],
+    y: &mut [bf16],
+    y1: &mut [bf16],
+    y2: &mut [bf16],
+    a: u32,
+    b: u32,
+    k: u32,
+    n_out: u32,
+    tokens: u32,
+    div: u32,
+    block: u32,
+    #[comptime] nt: usize,
+    #[comptime] tw: usize,
+    #[comptime] routed: bool,
+    #[comptime] relu2: bool,
+    #[comptime] split: bool,
+) {
+    let by = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    let mut e = by;
+    let mut count = tokens as usize;
+    let mut base = 0usize;
+    if !routed {
+        e = 0u32 as usize;
+    }
+    if routed {
+        count = counts[e] as usize;
+        base = counts[CUBE_COUNT_Y as usize + e] as usize;
+    }
+    // Plain: this cube row's block of rows; routed: all of the expert's slots (`block = 0`).
+    let first = by * block as usize;
+    let end = if routed {
+        count
+    } else {
+        block_end(first, block, count)
+    };
+    let (n_out, k) = (n_out as usize, k as usize);
+    let tile0 = CUBE_POS_X as usize * 16 * tw;
+    // Uniform over the cube (the syncs need every unit).
+    if count == 0 || tile0 >= n_out || first >= end {
+        terminate!();
+    }
+    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let (g, t) = (lane / 4, lane % 4);
+    let tile = tile0 + warp * 16;
+    // A warp whose rows are past the end computes on the last row and writes nothing.
+    let row0 = e * n_out + (tile + g).min(n_out - 1);
+    let row1 = e * n_out + (tile + g + 8).min(n_out - 1);
+    let (chunks, nb, vecs) = (k / 32, k / 16, k / 8);
+    let iters = chunks.div_ceil(4);
+    let gs = globals[e];
+    let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
+    // Staging: thread `tid` loads vector `tid % 16` of tokens `r · (threads / 16) + tid / 16`.
+    let tid = warp * 32 + lane;
+    let per = comptime!(nt * 8 * 16 / (tw * 32));
+    let tstep = comptime!(tw * 32 / 16);
+    let vt = tid % 16;
+    let sp = (vt % 4) * 4 + vt / 4;
+    let mut sx = Shared::<[Vector<bf16, NX>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
+    let mut pass = first;
+    while pass < end {
+        let mut xr = Array::<usize>::new(per);
+        #[unroll]
+        for r in 0..per {
+            // Tokens past the end read the last one and are never written.
+            let tok = (pass + r * tstep + tid / 16).min(count - 1);
+            let s = if routed {
+                members[base + tok] as usize
+            } else {
+                tok
+            };
+            xr[r] = (s / div as usize) * vecs;
+        }
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        #[unroll]
+        for j in 0..nt * 2 {
+            acc[j] = Vector::new(0.0f32);
+        }
+        // Step 0's loads; each step then issues the next step's before its `mma`s.
+        let mut xv = Array::<Vector<bf16, NX>>::new(per);
+        #[unroll]
+        for r in 0..per {
+            xv[r] = x[xr[r] + vt.min(vecs - 1)];
+        }
+        let mut wa = Array::<Vector<u32, NW>>::new(1usize);
+        let mut wb = Array::<Vector<u32, NW>>::new(1usize);
+        let mut sa = Array::<u32>::new(1usize);
+        let mut sb = Array::<u32>::new(1usize);
+        nvfp4_load(
+            packed, scales, row0, row1, chunks, nb, 0usize, t, &mut wa, &mut wb, &mut sa, &mut sb,
+            1usize,
+        );
+        let mut s = 0usize;
+        while s < iters {
+            #[unroll]
+            for r in 0..per {
+                sx[(r * tstep + tid / 16) * ROW_STRIDE + sp] = xv[r];
+            }
+            sync_cube();
+            let (va, vb, qa, qb) = (wa[0], wb[0], sa[0], sb[0]);
+            // The next step's loads (clamped past the last step: read, never used).
+            let v_next = ((s + 1) * 16 + vt).min(vecs - 1);
+            #[unroll]
+            for r in 0..per {
+                xv[r] = x[xr[r] + v_next];
+            }
+            nvfp4_load(
+                packed,
+                scales,
+                row0,
+                row1,
+                chunks,
+                nb,
+                s + 1,
+                t,
+                &mut wa,
+                &mut wb,
+                &mut sa,
+                &mut sb,
+                1usize,
+            );
+            let c = s * 4 + t;
+            // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
+            let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
+            let s00 = e4m3(qa & 255u32) * mult;
+            let s01 = e4m3((qa >> 8u32) & 255u32) * mult;
+            let s10 = e4m3(qb & 255u32) * mult;
+            let s11 = e4m3((qb >> 8u32) & 255u32) * mult;
+            #[unroll]
+            for w in 0..4usize {
+                let (ua, ub) = (va.extract(w), vb.extract(w));
+                let (ta, tb) = if w < 2 { (s00, s10) } else { (s01, s11) };
+                // Steps `2w` and `2w + 1` (h = 0, 1): pairs (0, 1) and (2, 3) of the word.
+                let mut r0 = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                r0[0] = e2m1_pair(ua, ta, 0u32);
+                r0[1] = e2m1_pair(ub, tb, 0u32);
+                r0[2] = e2m1_pair(ua, ta, 1u32);
+                r0[3] = e2m1_pair(ub, tb, 1u32);
+                let mut r1 = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                r1[0] = e2m1_pair(ua, ta, 2u32);
+                r1[1] = e2m1_pair(ub, tb, 2u32);
+                r1[2] = e2m1_pair(ua, ta, 3u32);
+                r1[3] = e2m1_pair(ub, tb, 3u32);
+                #[unroll]
+                for j in 0..nt {
+                    let v = sx[(j * 8 + g) * ROW_STRIDE + w * 4 + t];
+                    mma_b(&def, &r0, v, &mut acc, j, 0usize);
+                    mma_b(&def, &r1, v, &mut acc, j, 2usize);
+                }
+            }
+            sync_cube();
+            s += 1;
+        }
+        if tile < n_out {
+            #[unroll]
+            for j in 0..nt {
+                #[unroll]
+                for h in 0..2usize {
+                    let n = tile + g + 8 * h;
+                    #[unroll]
+                    for i in 0..2usize {
+                        let tok = pass + j * 8 + 2 * t + i;
+                        if n < n_out && tok < end {
+                            let slot = if routed {
+                                members[base + tok] as usize
+                            } else {
+                                tok
+                            };
+                            let val = epilogue(acc[2 * j + h].extract(i) * gs, relu2);
+                            store3(
+                                y,
+                                y1,
+                                y2,
+                                slot,
+                                n,
+                                n_out,
+                                a as usize,
+                                b as usize,
+                                bf16::cast_from(val),
+                                split,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        pass += nt * 8;
+    }
+}
+
+/// One `mma` of token tile `j`: `A` = `ra`, `B` = elements `(p, p + 4)` and `(p + 1, p + 5)` of
+/// the activation vector `v` (the physical inputs of pairs `p`, `p + 1` of the lane's word).
+#[cube]
+fn mma_b<NX: Size>(
+    def: &MmaDefinition<bf16, bf16, f32>,
+    ra: &Array<Vector<bf16, Const<2>>>,
+    v: Vector<bf16, NX>,
+    acc: &mut Array<Vector<f32, Const<2>>>,
+    #[comptime] j: usize,
+    #[comptime] p: usize,
+) {
+    let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
+    let mut v0 = Vector::<bf16, Const<2>>::empty();
+    v0.insert(0usize, v.extract(p));
+    v0.insert(1usize, v.extract(p + 4));
+    let mut v1 = Vector::<bf16, Const<2>>::empty();
+    v1.insert(0usize, v.extract(p + 1));
+    v1.insert(1usize, v.extract(p + 5));
+    rb[0] = v0;
+    rb[1] = v1;
+    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+    cr[0] = acc[2 * j];
+    cr[1] = acc[2 * j + 1];
+    def.execute_inplace(ra, &rb, &mut cr);
+    acc[2 * j] = cr[0];
+    acc[2 * j + 1] = cr[1];
+}
+
+/// Whether an NVFP4 call of `rows` plain rows or `slots` grouped routing slots runs the tiled
+/// kernel: from [`super::mma::MmaMin::tile`].
+pub(crate) fn applies(c: &Call<impl CubeRuntime>, grouped: bool) -> bool {
+    let min = super::mma::mma().tile;
+    (grouped || !c.routed) && c.slots >= min
+}
+
+/// The tiled launch of an NVFP4 call (the caller has checked bf16, `k % 32 == 0`, CUDA `mma` and
+/// [`applies`]): routed calls grouped by expert (sorted on the device past
+/// [`sort_min_slots`]), plain calls over blocks of rows.
+pub(crate) fn nvfp4<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Nvfp4Weights<CubeBackend<R>>,
+) -> Option<CubeTensor<R>> {
+    let client = &c.x.client;
+    let (sa, sb) = c.split_args();
+    let (counts, members, nt, gy, gz, block) = if c.routed {
+        let n_experts = w.shape.experts;
+        if n_experts > MAX_CUBES {
+            return None;
+        }
+        let ids = c.experts.as_ref()?;
+        let (counts, members) = if c.slots < sort_min_slots() {
+            super::mma::group_in_one_cube(c, ids, n_experts)
+        } else {
+            crate::cube::moe::group(ids, n_experts)
+        };
+        let nt = tiles(c.slots.div_ceil(n_experts));
+        (counts, members, nt, n_experts as u32, 1, 0)
+    } else {
+        let nt = tiles(c.slots);
+        let (block, nblocks) = blocks(c.slots, nt);
+        let (gy, gz) = yz(nblocks);
+        // Unread stand-ins.
+        let stand = empty(&c.x, [1], DType::U32);
+        (stand.clone(), stand, nt, gy, gz, block)
+    };
+    let gx = c.n.div_ceil(16 * TILE_WARPS) as u32;
+    // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors (the
+    // vector indices are clamped to the row); tokens and rows past the ends are clamped and never
+    // written; members are slots `< slots` written by the grouping (so `s / div` is a row of `x`).
+    unsafe {
+        nvfp4_tile_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(gx, gy, gz),
+            CubeDim::new_2d(32, TILE_WARPS as u32),
+            8,
+            4,
+            arg(&c.x),
+            arg(&counts),
+            arg(&members),
+            arg(&w.packed),
+            arg(&w.scales),
+            arg(&w.globals),
+            arg(&c.y),
+            arg(&c.y1),
+            arg(&c.y2),
+            sa,
+            sb,
+            c.k as u32,
+            c.n as u32,
+            c.slots as u32,
+            c.div as u32,
+            block as u32,
+            nt,
+            TILE_WARPS,
+            c.routed,
+            c.relu2,
+            c.split.is_some(),
+        )
+    };
+    Some(c.y.clone())
+}
