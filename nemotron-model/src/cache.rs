@@ -21,6 +21,8 @@ pub enum LayerState {
 #[derive(Debug, Clone)]
 pub struct SequenceState {
     pub layers: Vec<LayerState>,
-    /// Tokens consumed so far.
+    /// Tokens consumed so far. At 0 the sequence has consumed nothing, so its Mamba states are
+    /// the zero state whatever `layers` holds (a batch of new sequences starts from zeros
+    /// without reading them).
     pub position: usize,
 }

@@ -18,6 +18,9 @@
 #   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
+#   pncu16       the same over one 16 x 128 prefill pass
+#   opsb F       ops F on deps/ops_broken (a deliberately broken build, packed by hand: it must
+#                fail)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
 #                the second needs .whl/ carried: tools/mamba_peer/build.sh)
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
@@ -99,6 +102,15 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
           --batch 1 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill.csv" ;;
+    pncu16) bench ncu_prefill16.csv timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
+          --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          --batch 16 --decode 1 --repeats 1 --no-hf
+        xz -f "$OUT/ncu_prefill16.csv" ;;
+    opsb)
+      IFS=, read -r -a filt <<<"$1"; shift
+      run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"
+      grep -E "^test result|FAILED|panicked" "$OUT/tests_broken.log" | tail -n 20 ;;
     hf) wait_lt
         run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
           --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2
