@@ -120,6 +120,100 @@ fn cuda_bf16_slots_equal_ragged() {
     check(Device::cuda(0), DType::BF16, 3.5e-2, 2);
 }
 
+/// `prefill_slots` (one ragged forward straight into the slots, each pool written once for the
+/// batch) against the per-sequence path (`forward_last` alone, then `load_slot`): prompts of 13,
+/// 5 and 7 tokens (conv ring rotations 2, 2 and 0 at the tiny geometry's K = 4) into slots 2, 0
+/// and 1, then a single 4-token prompt (rotation 1; attention run one sequence at a time, so its
+/// keys enter per sequence) into slot 2 again. The prefill logits and 6 teacher-forced decode
+/// steps of every slot must agree within the band of [`check`].
+fn check_prefill_slots(dev: Device, dtype: DType, rel: f32, flips: usize) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);
+    let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
+    let v = m.config().vocab_size;
+    let prompts = [ids(13, v, 1), ids(5, v, 2), ids(7, v, 3), ids(4, v, 4)];
+    let forced: Vec<Vec<u32>> = (0..4).map(|i| ids(6, v, 10 + i)).collect();
+    let alone_logits = |i: usize| {
+        let mut s = m.new_state();
+        let l = rows(m.forward_last(&[&prompts[i]], &mut [&mut s]).unwrap());
+        (l, s)
+    };
+    let compare = |what: &str, g: &[f32], a: &[f32]| {
+        let (d, scale) = diff(g, a);
+        let beyond = row_diffs(g, a, v)
+            .iter()
+            .filter(|&&x| x > rel * scale)
+            .count();
+        eprintln!("{dtype:?} {what}: max |Δ| {d:.3e} at scale {scale:.3}, {beyond} rows beyond");
+        assert!(
+            beyond <= flips,
+            "{what}: {beyond} rows beyond {rel} × {scale} (max {d})"
+        );
+    };
+    let (mut direct, mut apart) = (m.new_slots(3, 32).unwrap(), m.new_slots(3, 32).unwrap());
+    let batch: Vec<&[u32]> = prompts[..3].iter().map(|p| p.as_slice()).collect();
+    let got = rows(m.prefill_slots(&mut direct, &batch, &[2, 0, 1]).unwrap());
+    let mut want = vec![];
+    for (i, slot) in [(0, 2), (1, 0), (2, 1)] {
+        let (l, s) = alone_logits(i);
+        want.extend(l);
+        m.load_slot(&mut apart, slot, &s).unwrap();
+    }
+    compare("prefill_slots logits, 3 prompts", &got, &want);
+    for slot in [2, 0, 1] {
+        assert_eq!(direct.len(slot), apart.len(slot), "slot {slot}'s length");
+    }
+    let decode = |st: &mut SlotState, rows: &[i32], seqs: &[usize]| -> Vec<f32> {
+        (0..6)
+            .flat_map(|t| {
+                let toks: Vec<u32> = seqs.iter().map(|&i| forced[i][t]).collect();
+                step(&m, st, rows, &toks)
+            })
+            .collect()
+    };
+    let (g, a) = (
+        decode(&mut direct, &[2, 0, 1], &[0, 1, 2]),
+        decode(&mut apart, &[2, 0, 1], &[0, 1, 2]),
+    );
+    compare("decode after prefill_slots, 3 slots", &g, &a);
+    let got = rows(m.prefill_slots(&mut direct, &[&prompts[3]], &[2]).unwrap());
+    let (l, s) = alone_logits(3);
+    m.load_slot(&mut apart, 2, &s).unwrap();
+    compare("prefill_slots logits, 1 prompt", &got, &l);
+    let (g, a) = (
+        decode(&mut direct, &[2, 0], &[3, 0]),
+        decode(&mut apart, &[2, 0], &[3, 0]),
+    );
+    compare("decode after prefill_slots into a reused slot", &g, &a);
+    let e = m
+        .prefill_slots(&mut direct, &[&prompts[0], &prompts[1]], &[1, 1])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("slot 1 given twice"), "{e}");
+}
+
+#[test]
+fn host_prefill_slots_equal_load_slot() {
+    check_prefill_slots(host(), DType::F32, 1e-5, 0);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_prefill_slots_equal_load_slot() {
+    check_prefill_slots(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+        1e-5,
+        0,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_bf16_prefill_slots_equal_load_slot() {
+    check_prefill_slots(Device::cuda(0), DType::BF16, 3.5e-2, 2);
+}
+
 #[test]
 fn a_sequence_longer_than_a_slot_is_refused() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 21);

@@ -483,6 +483,34 @@ fn write_slot<F: HostPrimitive>(pool: F, src: F, slot: usize) -> F {
     from_floats(p, ps)
 }
 
+fn write_slots<F: HostPrimitive, I: HostPrimitive>(
+    pool: F,
+    src: F,
+    slots: I,
+    rot: I,
+    width: usize,
+) -> F {
+    let (mut p, ps) = pool.floats();
+    let (sv, ss) = src.floats();
+    let (a, m, c, l) = (ps[1], ps[2], ps[3], ss[2]);
+    for (b, (slot, r)) in slots.ints().into_iter().zip(rot.ints()).enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..width {
+                let dst = ((slot as usize * a + ai) * m + (li + r as usize) % m) * c;
+                if li < l {
+                    p[dst..dst + c].copy_from_slice(&sv[((b * a + ai) * l + li) * c..][..c]);
+                } else {
+                    p[dst..dst + c].fill(0.0);
+                }
+            }
+        }
+    }
+    from_floats(p, ps)
+}
+
 /// [`NemotronOps`] for a CPU backend through the generic host functions above; the dense matmul
 /// is the backend's own f32 matmul.
 macro_rules! host_backend {
@@ -749,6 +777,15 @@ macro_rules! host_backend {
                 slot: usize,
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 write_slot(pool, src, slot)
+            }
+            fn write_slots(
+                pool: burn::backend::tensor::FloatTensor<Self>,
+                src: burn::backend::tensor::FloatTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                rot: burn::backend::tensor::IntTensor<Self>,
+                width: usize,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                write_slots(pool, src, slots, rot, width)
             }
         }
     };

@@ -444,6 +444,19 @@ pub trait NemotronOps: Backend {
         src: FloatTensor<Self>,
         slot: usize,
     ) -> FloatTensor<Self>;
+
+    /// `pool[slots[b], a, (l + rot[b]) mod M, c] = src[b, a, l, c]` for `l < L`, and `0` for
+    /// `L ≤ l < width`, over every row `b` with `slots[b] ≥ 0` (`pool` `[S, A, M, C]`, `src`
+    /// `[B, A, L, C]`, `slots` and `rot` `[B]` I32, `width ≤ M`), in place: a batch of prefilled
+    /// sequences entering their slots in one launch per pool (a conv ring takes its rotation
+    /// and its free zero entry the same way). Returns `pool`.
+    fn write_slots(
+        pool: FloatTensor<Self>,
+        src: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+        rot: IntTensor<Self>,
+        width: usize,
+    ) -> FloatTensor<Self>;
 }
 
 /// Shipped bytes as little-endian u32 words (as `i32` bits), zero-padded to a whole word.

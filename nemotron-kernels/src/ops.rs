@@ -767,6 +767,33 @@ pub fn write_slot(pool: Tensor<4>, src: Tensor<3>, slot: usize) -> Tensor<4> {
     ))
 }
 
+/// `pool[slots[b], :, (l + rot[b]) mod M, :] = src[b, :, l, :]` for `l < L`, zero for
+/// `L ≤ l < width`, rows with a negative slot skipped (`pool` `[S, A, M, C]`, `src`
+/// `[B, A, L, C]`, `slots` / `rot` `[B]` I32 with `0 ≤ rot`). Shapes are checked here; the slots
+/// and rotations are the caller's (in range: a slot past `S` would write out of the pool).
+pub fn write_slots(
+    pool: Tensor<4>,
+    src: Tensor<4>,
+    slots: &Tensor<1, Int>,
+    rot: &Tensor<1, Int>,
+    width: usize,
+) -> Tensor<4> {
+    let ([s, a, m, c], [b, sa, l, sc]) = (pool.dims(), src.dims());
+    let ([nb], [nr]) = (slots.dims(), rot.dims());
+    assert!(
+        sa == a && sc == c && l <= width && width <= m && nb == b && nr == b,
+        "write_slots: src [{b}, {sa}, {l}, {sc}] ({nb} slots, {nr} rotations, width {width}) \
+         into [{s}, {a}, {m}, {c}]"
+    );
+    out(<D as NemotronOps>::write_slots(
+        pool.into_dispatch(),
+        src.into_dispatch(),
+        slots.clone().into_dispatch(),
+        rot.clone().into_dispatch(),
+        width,
+    ))
+}
+
 /// Sets the I32 tensor `t` to `data`: in place on CubeCL devices (same buffer, so a captured
 /// graph sees the new values), by replacement elsewhere.
 pub fn write_i32<const N: usize>(t: &mut Tensor<N, Int>, data: &[i32]) {

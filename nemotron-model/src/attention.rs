@@ -1,6 +1,6 @@
 //! GQA causal attention without positional encoding (NemotronH has no RoPE).
 
-use crate::cache::{LayerState, SequenceState};
+use crate::cache::{BatchLayer, LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::slots::SlotLayer;
 use crate::util::from_vec;
@@ -141,6 +141,18 @@ impl Attention {
         states: &mut [&mut SequenceState],
         layer: usize,
     ) -> Tensor<3> {
+        self.forward_kept(h, lens, states, layer).0
+    }
+
+    /// [`Self::forward`], also returning the batch's keys and values whole where the batched
+    /// prefill of fresh sequences ran (`None` where sequences ran one at a time).
+    pub(crate) fn forward_kept(
+        &self,
+        h: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+    ) -> (Tensor<3>, Option<BatchLayer>) {
         let [bsz, t, _] = h.dims();
         let dev = h.device();
         let dtype = h.dtype();
@@ -167,7 +179,8 @@ impl Attention {
                 && matches!(st.layers[layer], LayerState::Attention { k: None, v: None })
         });
         if fresh && self.rope_theta.is_none() && bsz > 1 && bsz * nh * t * t <= FRESH_MAX_SCORES {
-            return self.forward_fresh(q, k, v, lens, states, layer);
+            let (o, k, v) = self.forward_fresh(q, k, v, lens, states, layer);
+            return (o, Some(BatchLayer::Attention { k, v }));
         }
         let mut outs = Vec::with_capacity(bsz);
         for (b, st) in states.iter_mut().enumerate() {
@@ -236,7 +249,7 @@ impl Attention {
             };
             outs.push(o);
         }
-        self.o.forward(crate::util::stack(outs), Epilogue::None)
+        (self.o.forward(crate::util::stack(outs), Epilogue::None), None)
     }
 
     /// The prefill of `B` sequences that hold no keys yet (no RoPE) in one batched pass instead
@@ -244,7 +257,8 @@ impl Attention {
     /// grouped by their kv head, `[B·KVH, rep·T, D] · [B·KVH, D, T]` (no expanded K/V copies),
     /// one causal mask for all, rows past a sequence's length zeroed as the per-sequence pass
     /// leaves them. The same operations per element as that pass (scores scaled in the
-    /// activation dtype, softmax in f32, `P · V` in the activation dtype).
+    /// activation dtype, softmax in f32, `P · V` in the activation dtype). Returns the output and
+    /// the batch's keys and values `[B, KVH, T, D]`.
     fn forward_fresh(
         &self,
         q: Tensor<3>,
@@ -253,7 +267,7 @@ impl Attention {
         lens: &[usize],
         states: &mut [&mut SequenceState],
         layer: usize,
-    ) -> Tensor<3> {
+    ) -> (Tensor<3>, Tensor<4>, Tensor<4>) {
         let [bsz, t, _] = q.dims();
         let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
         let rep = nh / kvh;
@@ -278,6 +292,7 @@ impl Attention {
                 v: Some(one(&vh)),
             };
         }
+        let (kh_all, vh_all) = (kh.clone(), vh.clone());
         let scale = (hd as f64).powf(-0.5);
         let kt = kh.reshape([bsz * kvh, t, hd]).swap_dims(1, 2);
         let scores = ops::matmul(qg, kt) * scale;
@@ -306,7 +321,7 @@ impl Attention {
             .expand([bsz, t, 1])
             .lower(lens_t.reshape([bsz, 1, 1]).expand([bsz, t, 1]));
         let o = o.mask_fill(valid.bool_not().expand([bsz, t, nh * hd]), 0.0);
-        self.o.forward(o, Epilogue::None)
+        (self.o.forward(o, Epilogue::None), kh_all, vh_all)
     }
 }
 

@@ -1,7 +1,7 @@
 //! A pre-norm residual block with one mixer: `x + mixer(RMSNorm(x))`.
 
 use crate::attention::Attention;
-use crate::cache::{LayerState, SequenceState};
+use crate::cache::{BatchLayer, LayerState, SequenceState};
 use crate::mamba2::Mamba2;
 use crate::mlp::Mlp;
 use crate::moe::{Moe, MoeOut};
@@ -132,13 +132,28 @@ impl Block {
         states: &mut [&mut SequenceState],
         layer: usize,
     ) -> Tensor<3> {
+        self.forward_kept(x, lens, states, layer).0
+    }
+
+    /// [`Self::forward`], also returning the batch's new layer state whole where the mixer kept
+    /// it (see [`BatchLayer`]).
+    pub(crate) fn forward_kept(
+        &self,
+        x: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+    ) -> (Tensor<3>, Option<BatchLayer>) {
         let h = self.norm.forward(x.clone());
-        let y = match &self.mixer {
-            Mixer::Mamba(m) => m.forward(h, lens, states, layer),
-            Mixer::Moe(m) => m.forward(h),
-            Mixer::Attention(a) => a.forward(h, lens, states, layer),
-            Mixer::Mlp(m) => m.forward(h),
+        let (y, kept) = match &self.mixer {
+            Mixer::Mamba(m) => {
+                let (y, kept) = m.forward_kept(h, lens, states, layer);
+                (y, Some(kept))
+            }
+            Mixer::Moe(m) => (m.forward(h), Some(BatchLayer::Stateless)),
+            Mixer::Attention(a) => a.forward_kept(h, lens, states, layer),
+            Mixer::Mlp(m) => (m.forward(h), Some(BatchLayer::Stateless)),
         };
-        x + y
+        (x + y, kept)
     }
 }

@@ -26,3 +26,16 @@ pub struct SequenceState {
     /// without reading them).
     pub position: usize,
 }
+
+/// One layer's states for a whole batch, as the forward computed them (`[B, …]`, before the
+/// per-sequence split): what [`crate::NemotronH::prefill_slots`] writes into the slot pools in
+/// one launch per pool instead of one per sequence.
+#[derive(Debug, Clone)]
+pub(crate) enum BatchLayer {
+    /// `conv` `[B, C, K-1]`, `ssm` `[B, H, P, N]` f32.
+    Mamba { conv: Tensor<3>, ssm: Tensor<4> },
+    /// Keys and values `[B, KVH, T, D]` of a batch prefilled from empty (rows past a sequence's
+    /// length: padding, never read).
+    Attention { k: Tensor<4>, v: Tensor<4> },
+    Stateless,
+}

@@ -1,7 +1,7 @@
 //! The Mamba2 mixer: in_proj → causal conv + SiLU over `[x|B|C]` → selective scan with D skip →
 //! gated group RMSNorm → out_proj.
 
-use crate::cache::{LayerState, SequenceState};
+use crate::cache::{BatchLayer, LayerState, SequenceState};
 use crate::linear::Linear;
 use crate::norm::GatedRmsNorm;
 use crate::slots::SlotLayer;
@@ -189,6 +189,18 @@ impl Mamba2 {
         states: &mut [&mut SequenceState],
         layer: usize,
     ) -> Tensor<3> {
+        self.forward_kept(h, lens, states, layer).0
+    }
+
+    /// [`Self::forward`], also returning the batch's new states whole (they are split into
+    /// `states` too).
+    pub(crate) fn forward_kept(
+        &self,
+        h: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+    ) -> (Tensor<3>, BatchLayer) {
         let c = &self.cfg;
         let [bsz, t, _] = h.dims();
         let (i, nh, g, n, p) = (c.inner(), c.num_heads, c.n_groups, c.state_size, c.head_dim);
@@ -245,6 +257,10 @@ impl Mamba2 {
             lens,
         );
 
+        let kept = BatchLayer::Mamba {
+            conv: conv_state.clone(),
+            ssm: ssm_state.clone(),
+        };
         if let [s] = states {
             s.layers[layer] = LayerState::Mamba {
                 conv: conv_state.squeeze_dim(0),
@@ -259,6 +275,6 @@ impl Mamba2 {
             }
         }
         let u = self.norm.forward(y.reshape([bsz, t, i]), z);
-        self.out_proj.forward(u, Epilogue::None)
+        (self.out_proj.forward(u, Epilogue::None), kept)
     }
 }

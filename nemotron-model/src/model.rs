@@ -1,7 +1,7 @@
 //! The NemotronH stack: embeddings → blocks → `norm_f` → `lm_head`, built from a loaded checkpoint.
 
 use crate::block::Block;
-use crate::cache::SequenceState;
+use crate::cache::{BatchLayer, SequenceState};
 use crate::error::ModelError;
 use crate::linear::Linear;
 use crate::norm::RmsNorm;
@@ -180,23 +180,23 @@ impl NemotronH {
         states: &mut [&mut SequenceState],
     ) -> Result<Tensor<2>, ModelError> {
         let x = self.hidden(tokens, states)?;
+        Ok(self.head(self.last_rows(x, tokens)))
+    }
+
+    /// Row `len_b − 1` of each sequence `b` of `x` `[B, T, hidden]`: `[B, hidden]`, in one gather
+    /// (a slice per sequence and a concatenation took `B + 1` launches).
+    pub(crate) fn last_rows(&self, x: Tensor<3>, tokens: &[&[u32]]) -> Tensor<2> {
         let [b, t, h] = x.dims();
-        let last = if t == 1 {
-            x.reshape([b, h])
-        } else {
-            let rows: Vec<Tensor<2>> = tokens
-                .iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    x.clone()
-                        .slice_dim(0, i..i + 1)
-                        .slice_dim(1, s.len() - 1..s.len())
-                        .reshape([1, h])
-                })
-                .collect();
-            Tensor::cat(rows, 0)
-        };
-        Ok(self.head(last))
+        if t == 1 {
+            return x.reshape([b, h]);
+        }
+        let idx: Vec<i32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i * t + s.len() - 1) as i32)
+            .collect();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [b]), &x.device());
+        x.reshape([b * t, h]).select(0, idx)
     }
 
     /// [`Self::forward_last`] from token ids already on the device (`[B, T]`, every sequence `T`
@@ -269,11 +269,30 @@ impl NemotronH {
         states: &mut [&mut SequenceState],
         seen: impl FnMut(&Tensor<3>),
     ) -> Result<Tensor<3>, ModelError> {
-        if tokens.is_empty() || tokens.len() != states.len() {
+        let ids = self.token_ids(tokens, states.len())?;
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
+        Ok(self.blocks(ids, &lens, states, seen))
+    }
+
+    /// The residual stream after the last block and each layer's batch state whole where its
+    /// mixer kept it ([`Self::blocks_kept`]), advancing the states.
+    pub(crate) fn hidden_kept(
+        &self,
+        tokens: &[&[u32]],
+        states: &mut [&mut SequenceState],
+    ) -> Result<(Tensor<3>, Vec<Option<BatchLayer>>), ModelError> {
+        let ids = self.token_ids(tokens, states.len())?;
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
+        Ok(self.blocks_kept(ids, &lens, states, |_| {}))
+    }
+
+    /// The token lists as right-padded ids `[B, T_max]` on the device, checked: one list per
+    /// state, none empty, every id inside the vocabulary.
+    fn token_ids(&self, tokens: &[&[u32]], states: usize) -> Result<Tensor<2, Int>, ModelError> {
+        if tokens.is_empty() || tokens.len() != states {
             return Err(ModelError::Input(format!(
-                "{} token lists for {} states",
+                "{} token lists for {states} states",
                 tokens.len(),
-                states.len()
             )));
         }
         let v = self.config.vocab_size;
@@ -295,9 +314,10 @@ impl NemotronH {
                 ids[b * t_max + t] = id as i32;
             }
         }
-        let ids =
-            Tensor::<2, Int>::from_data(TensorData::new(ids, [tokens.len(), t_max]), &self.device);
-        Ok(self.blocks(ids, &lens, states, seen))
+        Ok(Tensor::<2, Int>::from_data(
+            TensorData::new(ids, [tokens.len(), t_max]),
+            &self.device,
+        ))
     }
 
     /// Embedding and blocks; advances the states' positions.
@@ -306,18 +326,32 @@ impl NemotronH {
         ids: Tensor<2, Int>,
         lens: &[usize],
         states: &mut [&mut SequenceState],
-        mut seen: impl FnMut(&Tensor<3>),
+        seen: impl FnMut(&Tensor<3>),
     ) -> Tensor<3> {
+        self.blocks_kept(ids, lens, states, seen).0
+    }
+
+    /// [`Self::blocks`], also returning each layer's batch state whole where its mixer kept it.
+    pub(crate) fn blocks_kept(
+        &self,
+        ids: Tensor<2, Int>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        mut seen: impl FnMut(&Tensor<3>),
+    ) -> (Tensor<3>, Vec<Option<BatchLayer>>) {
         let mut x = burn::tensor::module::embedding(self.embeddings.clone(), ids);
         seen(&x);
+        let mut kept = Vec::with_capacity(self.layers.len());
         for (l, block) in self.layers.iter().enumerate() {
-            x = block.forward(x, lens, states, l);
+            let (y, k) = block.forward_kept(x, lens, states, l);
+            x = y;
+            kept.push(k);
             seen(&x);
         }
         for (s, len) in states.iter_mut().zip(lens) {
             s.position += len;
         }
-        x
+        (x, kept)
     }
 
     /// Logits of one sequence: `[T, vocab]` for its new tokens.

@@ -308,6 +308,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
     fn write_slot(pool: T<R>, src: T<R>, slot: usize) -> T<R> {
         slots::write_launch(pool, src, slot)
     }
+
+    fn write_slots(pool: T<R>, src: T<R>, slots: T<R>, rot: T<R>, width: usize) -> T<R> {
+        slots::write_many_launch(pool, src, slots, rot, width)
+    }
 }
 
 /// Bytes of device memory in use on a CubeCL device, `None` on other devices.

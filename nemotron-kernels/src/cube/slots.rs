@@ -4,6 +4,8 @@
 //!
 //! - advance: one unit per row: `lens[slots[b]] += 1` for non-pad rows (slots are distinct).
 //! - write: one unit per source element: `pool[slot, a, l, c] = src[a, l, c]`.
+//! - write many: one unit per written element of a batch: `pool[slots[b], a, (l + rot[b]) mod
+//!   M, c] = src[b, a, l, c]` (zero past `L`), the units over the folded grid.
 
 use super::buffers::{arg, contiguous_as, elemwise, i32_buf, with_float};
 use burn_cubecl::tensor::CubeTensor;
@@ -102,6 +104,92 @@ pub fn write_launch<R: CubeRuntime>(
                 ss[1] as u32,
                 ps[3] as u32,
                 slot as u32,
+            )
+        };
+    }
+    with_float!(dtype, go);
+    pool
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn write_slots_kernel<F: Float>(
+    src: &[F],
+    pool: &mut [F],
+    slots: &[i32],
+    rot: &[i32],
+    total: u32,
+    a_dim: u32,
+    m_dim: u32,
+    l_dim: u32,
+    c_dim: u32,
+    width: u32,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= total as usize {
+        terminate!();
+    }
+    let (a, m, l, c, w) = (
+        a_dim as usize,
+        m_dim as usize,
+        l_dim as usize,
+        c_dim as usize,
+        width as usize,
+    );
+    // `i` = ((b · A + a) · width + l) · C + c.
+    let ci = i % c;
+    let li = (i / c) % w;
+    let ai = (i / (c * w)) % a;
+    let b = i / (c * w * a);
+    let slot = slots[b];
+    if slot >= 0 {
+        let at = (li + rot[b] as usize) % m;
+        let v = if li < l {
+            src[((b * a + ai) * l + li) * c + ci]
+        } else {
+            F::cast_from(0.0f32)
+        };
+        pool[((slot as usize * a + ai) * m + at) * c + ci] = v;
+    }
+}
+
+pub fn write_many_launch<R: CubeRuntime>(
+    pool: CubeTensor<R>,
+    src: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    rot: CubeTensor<R>,
+    width: usize,
+) -> CubeTensor<R> {
+    assert!(
+        pool.is_contiguous(),
+        "write_slots: the pool must be contiguous"
+    );
+    let dtype = pool.dtype;
+    let src = contiguous_as(src, dtype);
+    let (slots, rot) = (i32_buf(slots), i32_buf(rot));
+    let ps = pool.meta.shape().clone();
+    let ss = src.meta.shape().clone();
+    let total = ss[0] * ss[1] * width * ss[3];
+    if total == 0 {
+        return pool;
+    }
+    let (count, dim) = elemwise(total);
+    macro_rules! go {
+        ($t:ty) => {
+            write_slots_kernel::launch::<$t, R>(
+                &pool.client,
+                count,
+                dim,
+                arg(&src),
+                arg(&pool),
+                arg(&slots),
+                arg(&rot),
+                total as u32,
+                ps[1] as u32,
+                ps[2] as u32,
+                ss[2] as u32,
+                ps[3] as u32,
+                width as u32,
             )
         };
     }

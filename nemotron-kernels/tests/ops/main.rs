@@ -290,4 +290,5 @@ arms! {
     conv_ssm_step => slots::conv_ssm_step_matches,
     attention_step => slots::attention_step_matches,
     advance_and_write_slot => slots::advance_and_write_slot_match,
+    write_slots => slots::write_slots_match,
 }

@@ -433,3 +433,50 @@ pub fn advance_and_write_slot_match(arm: &Arm) {
     close("write_slot in place", &gbefore, &gp, 0.0);
     assert_ne!(gp, pool, "write_slot wrote nothing");
 }
+
+/// A batch entering its slots (`write_slots`) against the definition written out here: row 0
+/// into slot 3 rotated by 2, row 1 a pad row (slot −1: nothing written), row 2 into slot 0
+/// rotated by 5, each writing `width` = 5 entries of which the last (past `L` = 4) is zero and
+/// the rotation wraps around `M` = 6; slots 1, 2 and 4 keep their values.
+pub fn write_slots_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(15, arm));
+    let (s, a, m, c, b, l, width) = (5usize, 2usize, 6usize, 3usize, 3usize, 4usize, 5usize);
+    let (slot_ids, rot) = ([3i32, -1, 0], [2usize, 1, 5]);
+    let pool = rng.vec(s * a * m * c, 1.0);
+    let src = rng.vec(b * a * l * c, 1.0);
+    let mut want = pool.clone();
+    for (bi, (&slot, &r)) in slot_ids.iter().zip(&rot).enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..width {
+                for ci in 0..c {
+                    let at = ((slot as usize * a + ai) * m + (li + r) % m) * c + ci;
+                    want[at] = if li < l {
+                        src[((bi * a + ai) * l + li) * c + ci]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+    }
+    let run = |ar: &Arm| {
+        let p = ops::contiguous(ar.t(&pool, [s, a, m, c]));
+        let before = p.clone();
+        let rot: Vec<i32> = rot.iter().map(|&r| r as i32).collect();
+        let p = ops::write_slots(
+            p,
+            ar.t(&src, [b, a, l, c]),
+            &slots(ar, &slot_ids),
+            &slots(ar, &rot),
+            width,
+        );
+        (host(p), host(before))
+    };
+    let ((gp, gbefore), (hp, _)) = (run(arm), run(&href));
+    close("write_slots", &gp, &want, 0.0);
+    close("write_slots (host)", &hp, &want, 0.0);
+    close("write_slots in place", &gbefore, &gp, 0.0);
+}
