@@ -1,10 +1,11 @@
 //! Greedy pick: each row's arg-max over the vocabulary (`[B, V]` → `[B]` I32, the lowest index on
-//! ties, NaN never wins). Grid: one cube per row, up to 1,024 units; each unit keeps the best of
+//! ties, NaN never wins). Grid: one cube per row (rows folded over x and y, [`fold`]), up to
+//! 1,024 units; each unit keeps the best of
 //! its strided share (four loads in flight per step), then a tree arg-max through shared memory.
 //! Burn's `argmax` without its autotune walks a row with a single unit — milliseconds for a
 //! 131,072-entry row on the H200, which is why decode has its own.
 
-use super::buffers::{arg, empty, float_buf, with_float};
+use super::buffers::{arg, empty, float_buf, fold, with_float};
 use super::reduce::{argmax_tree, better};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -12,8 +13,18 @@ use burn_cubecl::CubeRuntime;
 use cubecl::prelude::*;
 
 #[cube(launch)]
-pub fn argmax_rows_kernel<F: Float>(x: &[F], out: &mut [i32], cols: u32, #[comptime] units: usize) {
-    let row = CUBE_POS_X as usize;
+pub fn argmax_rows_kernel<F: Float>(
+    x: &[F],
+    out: &mut [i32],
+    rows: u32,
+    cols: u32,
+    #[comptime] units: usize,
+) {
+    let row = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    // Uniform over the cube: the folded grid's last cubes past the rows leave.
+    if row >= rows as usize {
+        terminate!();
+    }
     let u = UNIT_POS as usize;
     let cols = cols as usize;
     let none = cols as u32 + 1u32;
@@ -82,10 +93,11 @@ pub fn launch<R: CubeRuntime>(x: CubeTensor<R>) -> CubeTensor<R> {
         ($t:ty) => {
             argmax_rows_kernel::launch::<$t, R>(
                 &x.client,
-                CubeCount::Static(rows as u32, 1, 1),
+                fold(rows),
                 CubeDim::new_1d(units as u32),
                 arg(&x),
                 arg(&out),
+                rows as u32,
                 cols as u32,
                 units,
             )

@@ -2,11 +2,13 @@
 //! f32: `y = w · u · rsqrt(mean_group(u²) + eps)` with `u = x · silu(gate)` or `u = x`.
 //! Also the residual add fused with the next block's (ungrouped, ungated) norm, its row held in
 //! registers ([`add_rms_norm_kernel()`]).
-//! Grid: one cube of [`NORM_UNITS`] per `(row, group)`; the units stride over the group's
+//! Grid: one cube of [`NORM_UNITS`] per `(row, group)`, rows on x folded onto z past 65,535
+//! ([`fold_xy`]: a prompt of 70,000 tokens is 70,000 rows; wgpu allows 65,535 cubes on x); the
+//! units stride over the group's
 //! channels, reduce `Σ u²` (`reduce::block_sum`: warp shuffles then one shared step on CUDA, a shared
 //! tree elsewhere), then write. Reads and writes the activation storage type `F`.
 
-use super::buffers::{arg, contiguous_as, empty, float_buf, with_float};
+use super::buffers::{arg, contiguous_as, empty, float_buf, fold, fold_xy, with_float};
 use super::reduce::{block_sum, plane_reduce};
 use crate::Maybe;
 use burn_cubecl::tensor::CubeTensor;
@@ -22,6 +24,7 @@ pub fn rms_norm_kernel<F: Float>(
     gate: &[F],
     weight: &[F],
     y: &mut [F],
+    rows: u32,
     h: u32,
     group: u32,
     eps: f32,
@@ -30,7 +33,12 @@ pub fn rms_norm_kernel<F: Float>(
     #[comptime] plane: bool,
 ) {
     let (h, group) = (h as usize, group as usize);
-    let base = CUBE_POS_X as usize * h + CUBE_POS_Y as usize * group;
+    let row = (CUBE_POS_X + CUBE_POS_Z * CUBE_COUNT_X) as usize;
+    // Uniform over the cube: the folded grid's last cubes past the rows leave.
+    if row >= rows as usize {
+        terminate!();
+    }
+    let base = row * h + CUBE_POS_Y as usize * group;
     let wbase = CUBE_POS_Y as usize * group;
     let mut ss = 0.0f32;
     let mut c = UNIT_POS_X as usize;
@@ -73,16 +81,18 @@ pub fn launch<R: CubeRuntime>(
     let y = empty(&x, [r, h], dtype);
     let gated = g.is_some();
     let gate_arg = g.as_ref().unwrap_or(&x);
+    let (gx, gz) = fold_xy(r);
     macro_rules! go {
         ($t:ty) => {
             rms_norm_kernel::launch::<$t, R>(
                 &x.client,
-                CubeCount::Static(r as u32, groups as u32, 1),
+                CubeCount::Static(gx, groups as u32, gz),
                 CubeDim::new_1d(NORM_UNITS),
                 arg(&x),
                 arg(gate_arg),
                 arg(&w),
                 arg(&y),
+                r as u32,
                 h as u32,
                 (h / groups) as u32,
                 eps as f32,
@@ -111,6 +121,7 @@ pub fn add_rms_norm_kernel<F: Float>(
     weight: &[F],
     sum: &mut [F],
     out: &mut [F],
+    rows: u32,
     h: u32,
     eps: f32,
     #[comptime] per: usize,
@@ -120,7 +131,11 @@ pub fn add_rms_norm_kernel<F: Float>(
     #[comptime] has_shared: bool,
 ) {
     let h = h as usize;
-    let row = CUBE_POS_X as usize;
+    // Rows over the folded grid ([`fold`]); cubes past them leave (uniform over the cube).
+    let row = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    if row >= rows as usize {
+        terminate!();
+    }
     let base = row * h;
     let u = UNIT_POS_X as usize;
     let mut s = Array::<f32>::new(per);
@@ -227,7 +242,7 @@ pub fn add_combine_launch<R: CubeRuntime>(
         ($t:ty) => {
             add_rms_norm_kernel::launch::<$t, R>(
                 &x.client,
-                CubeCount::Static(r as u32, 1, 1),
+                fold(r),
                 CubeDim::new_1d(units as u32),
                 arg(&x),
                 arg(&y),
@@ -236,6 +251,7 @@ pub fn add_combine_launch<R: CubeRuntime>(
                 arg(&w),
                 arg(&sum),
                 arg(&out),
+                r as u32,
                 h as u32,
                 eps as f32,
                 per,

@@ -70,11 +70,14 @@ pub(crate) fn block_sum(value: f32, #[comptime] units: usize, #[comptime] plane:
     }
 }
 
-/// `(v, i)` beats `(bv, bi)`: larger, or equal and lower (NaN never beats; anything beats a NaN
-/// or the empty candidate `bi == none`).
+/// `(v, i)` beats `(bv, bi)`: larger, or equal and lower (NaN and the empty candidate `i ==
+/// none` never beat; anything beats a NaN or the empty candidate `bi == none`). The empty
+/// candidate carries the value 0 it was initialized with: before it was excluded by its index,
+/// a unit with nothing to offer (a row narrower than the cube, or a router unit whose experts
+/// were all taken) beat every negative value, and an all-negative row of 3 columns took index 0.
 #[cube]
 pub(crate) fn better(v: f32, i: u32, bv: f32, bi: u32, none: u32) -> bool {
-    let valid = !v.is_nan();
+    let valid = !v.is_nan() && i != none;
     let empty = bi == none || bv.is_nan();
     valid && (empty || v > bv || (v == bv && i < bi))
 }

@@ -12,6 +12,9 @@ pub fn argmax_rows_matches(arm: &Arm) {
         (5, 7, "random"),
         (4, 4099, "ties"),
         (2, 2048, "nan"),
+        // Past the 65,535 cubes a grid dimension takes on wgpu: rows fold onto y.
+        (7, 3, "random"),
+        (65_539, 3, "random"),
     ] {
         let mut x = rng.vec(rows * cols, 8.0);
         match kind {

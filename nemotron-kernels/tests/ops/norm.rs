@@ -11,6 +11,8 @@ pub fn rms_norm_matches(arm: &Arm) {
         (2, 600, 1, false),
         (5, 96, 4, true),
         (1, 1024, 8, true),
+        // Past 65,535 rows: the grid folds its rows (x) onto z.
+        (65_539, 8, 2, true),
     ] {
         let x = rng.vec(r * h, 2.0);
         let z = rng.vec(r * h, 3.0);
@@ -35,7 +37,8 @@ pub fn rms_norm_matches(arm: &Arm) {
 /// separate add would store it).
 pub fn add_rms_norm_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(17, arm));
-    for (r, h) in [(1, 2688), (3, 100), (2, 4103)] {
+    // 65,539 rows: past the 65,535 cubes a grid dimension takes on wgpu (rows fold onto y).
+    for (r, h) in [(1, 2688), (3, 100), (2, 4103), (65_539, 8)] {
         let x = rng.vec(r * h, 2.0);
         let y = rng.vec(r * h, 1.0);
         let w = rng.vec(h, 1.0);

@@ -19,7 +19,8 @@
 //! **Shared layout.** A step holds 16 vectors of 8 bf16 per token; vector `v` (chunk `v / 4`,
 //! word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4` with `RS` = [`ROW_STRIDE`] = 20: the 8
 //! lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`) then read 8 distinct 16-byte bank groups
-//! (4 consecutive vectors per token, the next token 64 bytes over) — no bank conflicts.
+//! (4 consecutive vectors of one token, and the next token's 320 bytes on: 64 modulo the banks'
+//! 128) — no bank conflicts.
 //!
 //! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
 //! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::mma::blocks`],
