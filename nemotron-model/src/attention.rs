@@ -249,7 +249,10 @@ impl Attention {
             };
             outs.push(o);
         }
-        (self.o.forward(crate::util::stack(outs), Epilogue::None), None)
+        (
+            self.o.forward(crate::util::stack(outs), Epilogue::None),
+            None,
+        )
     }
 
     /// The prefill of `B` sequences that hold no keys yet (no RoPE) in one batched pass instead

@@ -33,9 +33,15 @@ pub struct SequenceState {
 #[derive(Debug, Clone)]
 pub(crate) enum BatchLayer {
     /// `conv` `[B, C, K-1]`, `ssm` `[B, H, P, N]` f32.
-    Mamba { conv: Tensor<3>, ssm: Tensor<4> },
+    Mamba {
+        conv: Tensor<3>,
+        ssm: Tensor<4>,
+    },
     /// Keys and values `[B, KVH, T, D]` of a batch prefilled from empty (rows past a sequence's
     /// length: padding, never read).
-    Attention { k: Tensor<4>, v: Tensor<4> },
+    Attention {
+        k: Tensor<4>,
+        v: Tensor<4>,
+    },
     Stateless,
 }

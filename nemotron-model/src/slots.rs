@@ -208,7 +208,8 @@ impl NemotronH {
         let logits = self.head(self.last_rows(x, tokens));
         let dev = self.device();
         let b = slots.len();
-        let ints = |v: Vec<i32>| Tensor::<1, Int>::from_data(TensorData::new(v, [b]), (dev, DType::I32));
+        let ints =
+            |v: Vec<i32>| Tensor::<1, Int>::from_data(TensorData::new(v, [b]), (dev, DType::I32));
         let slot_t = ints(slots.iter().map(|&s| s as i32).collect());
         let zero_t = ints(vec![0; b]);
         let mut ring_t = None;

@@ -27,7 +27,7 @@
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::mma::{blocks, block_end, e2m1_pair, nvfp4_load, sort_min_slots, tiles};
+use super::mma::{block_end, blocks, e2m1_pair, nvfp4_load, sort_min_slots, tiles};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
