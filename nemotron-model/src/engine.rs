@@ -19,7 +19,6 @@ use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::model::NemotronH;
 use crate::sampling::{is_plain_greedy, pick};
 use crate::slots::SlotState;
-use crate::SequenceState;
 use burn::tensor::{capture, DType, Graph, Int, Tensor, TensorData};
 use nemotron_kernels::ops;
 use std::collections::VecDeque;
@@ -264,52 +263,25 @@ impl<'m> Engine<'m> {
             return Ok(vec![]);
         }
         let batch: Vec<Waiting> = self.waiting.drain(..n).collect();
-        let toks: Vec<&[u32]> = batch.iter().map(|w| w.prompt.as_slice()).collect();
-        // Prompts that fit the slots are prefilled straight into them, each pool written once
-        // for the batch; otherwise (a prompt longer than a slot holds, which stops at once with
-        // `ContextFull`) per sequence, as before.
-        let direct = toks.iter().all(|t| t.len() <= self.state.capacity());
-        let mut states: Vec<Option<SequenceState>> = Vec::with_capacity(n);
-        let mut taken: Vec<usize> = Vec::with_capacity(n);
-        let logits = if direct {
-            for _ in 0..n {
-                taken.push(self.free.pop().ok_or_else(|| {
-                    ModelError::Input(
-                        "no free slot for an admitted request (engine bookkeeping broken)".into(),
-                    )
-                })?);
-            }
-            states.resize_with(n, || None);
-            match self.model.prefill_slots(&mut self.state, &toks, &taken) {
-                Ok(logits) => logits,
-                Err(e) => {
-                    self.free.append(&mut taken);
-                    return Err(e);
-                }
-            }
-        } else {
-            let mut fresh: Vec<SequenceState> =
-                batch.iter().map(|_| self.model.new_state()).collect();
-            let logits = {
-                let mut refs: Vec<&mut SequenceState> = fresh.iter_mut().collect();
-                self.model.forward_last(&toks, &mut refs)?
-            };
-            states.extend(fresh.into_iter().map(Some));
-            logits
+        // Straight into their slots, each pool written once for the batch (`submit` refused any
+        // request whose prompt a slot cannot hold).
+        let mut taken = self.free.split_off(self.free.len() - n);
+        taken.reverse(); // the order `pop` hands them out in
+        let logits = {
+            let toks: Vec<&[u32]> = batch.iter().map(|w| w.prompt.as_slice()).collect();
+            self.model.prefill_slots(&mut self.state, &toks, &taken)
         };
-        drop(toks);
+        let logits = match logits {
+            Ok(logits) => logits,
+            Err(e) => {
+                self.free.append(&mut taken);
+                return Err(e);
+            }
+        };
         let v = self.model.config().vocab_size;
         let host = crate::generate::host_rows(logits);
         let mut events = Vec::with_capacity(n);
-        for (i, (w, s)) in batch.into_iter().zip(states).enumerate() {
-            let slot = match taken.get(i) {
-                Some(&slot) => slot,
-                None => self.free.pop().ok_or_else(|| {
-                    ModelError::Input(
-                        "no free slot for an admitted request (engine bookkeeping broken)".into(),
-                    )
-                })?,
-            };
+        for (i, (w, slot)) in batch.into_iter().zip(taken).enumerate() {
             let max_context = w
                 .opts
                 .max_context
@@ -331,9 +303,6 @@ impl<'m> Engine<'m> {
                 });
                 self.free.push(slot);
                 continue;
-            }
-            if let Some(s) = &s {
-                self.model.load_slot(&mut self.state, slot, s)?;
             }
             let row = &host[i * v..(i + 1) * v];
             let tok = pick(row, &r.opts.sampling, &r.history, &mut r.rng);

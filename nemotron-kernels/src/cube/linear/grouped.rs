@@ -195,6 +195,28 @@ pub fn nvfp4_grouped_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
+/// Groups the routing slots `ids` by expert in one cube ([`moe_group_kernel`], up to
+/// [`super::mma::MMA_MAX_SLOTS`] slots): `counts` = per-expert counts then offsets, `members` the slots.
+pub(crate) fn group_in_one_cube<R: CubeRuntime>(
+    c: &Call<R>,
+    ids: &CubeTensor<R>,
+    n_experts: usize,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let counts = empty(&c.x, [2 * n_experts], DType::U32);
+    let members = empty(&c.x, [n_experts * c.slots], DType::U32);
+    moe_group_kernel::launch::<R>(
+        &c.x.client,
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_1d(256),
+        arg(ids),
+        arg(&counts),
+        arg(&members),
+        n_experts as u32,
+        c.slots,
+    );
+    (counts, members)
+}
+
 /// The expert-major launch for a routed call of [`GROUPED_MIN_SLOTS`]+ slots with `k % 32 == 0`:
 /// the grouping kernel, then the GEMV over `(row block, expert)` cubes. Returns `None` where it
 /// does not apply.
@@ -210,18 +232,7 @@ pub(crate) fn launch<R: CubeRuntime>(
     let experts = c.experts.as_ref()?;
     let n_experts = w.shape.experts;
     let client = &c.x.client;
-    let counts = empty(&c.x, [2 * n_experts], DType::U32);
-    let members = empty(&c.x, [n_experts * c.slots], DType::U32);
-    moe_group_kernel::launch::<R>(
-        client,
-        CubeCount::Static(1, 1, 1),
-        CubeDim::new_1d(256),
-        arg(experts),
-        arg(&counts),
-        arg(&members),
-        n_experts as u32,
-        c.slots,
-    );
+    let (counts, members) = group_in_one_cube(c, experts, n_experts);
     // Slots per pass: more once an expert holds two or more slots on average.
     let mt = if c.slots >= 2 * n_experts { 8 } else { 4 };
     let plane = plane_reduce(client, GEMV_LANES);

@@ -36,7 +36,7 @@
 use super::super::buffers::{
     arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz, MAX_CUBES,
 };
-use super::grouped::moe_group_kernel;
+use super::grouped::group_in_one_cube;
 use super::{e4m3, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
 use burn::tensor::{bf16, f16, DType};
@@ -81,7 +81,7 @@ pub const MMA_FP8_MIN_ROWS: usize = 1;
 /// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
 pub const MMA_MIN_SLOTS: usize = 32;
 
-/// Routing slots up to which one cube groups the slots by expert ([`moe_group_kernel`], the ids
+/// Routing slots up to which one cube groups the slots by expert ([`group_in_one_cube`], the ids
 /// staged in shared memory, compiled per slot count: decode batches, a few padded sizes).
 /// Larger routed calls (prefill) sort on the device ([`crate::cube::moe::group`]).
 pub const MMA_MAX_SLOTS: usize = 1024;
@@ -1197,28 +1197,6 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         )
     };
     Some(c.y.clone())
-}
-
-/// Groups the routing slots `ids` by expert in one cube ([`moe_group_kernel`], up to
-/// [`MMA_MAX_SLOTS`] slots): `counts` = per-expert counts then offsets, `members` the slots.
-pub(super) fn group_in_one_cube<R: CubeRuntime>(
-    c: &Call<R>,
-    ids: &CubeTensor<R>,
-    n_experts: usize,
-) -> (CubeTensor<R>, CubeTensor<R>) {
-    let counts = empty(&c.x, [2 * n_experts], DType::U32);
-    let members = empty(&c.x, [n_experts * c.slots], DType::U32);
-    moe_group_kernel::launch::<R>(
-        &c.x.client,
-        CubeCount::Static(1, 1, 1),
-        CubeDim::new_1d(256),
-        arg(ids),
-        arg(&counts),
-        arg(&members),
-        n_experts as u32,
-        c.slots,
-    );
-    (counts, members)
 }
 
 /// Mamba2's gated group norm folded into an FP8 linear's in-kernel quantizing ([`fp8_gated`]):

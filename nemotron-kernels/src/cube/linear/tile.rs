@@ -293,7 +293,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         }
         let ids = c.experts.as_ref()?;
         let (counts, members) = if c.slots < sort_min_slots() {
-            super::mma::group_in_one_cube(c, ids, n_experts)
+            super::grouped::group_in_one_cube(c, ids, n_experts)
         } else {
             crate::cube::moe::group(ids, n_experts)
         };
