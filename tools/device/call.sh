@@ -19,6 +19,7 @@
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
 #   pncu16       the same over one 16 x 128 prefill pass
+#   pncu64       the same over one 64 x 128 prefill pass
 #   opsb F       ops F on deps/ops_broken (a deliberately broken build, packed by hand: it must
 #                fail)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
@@ -107,6 +108,11 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch 16 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill16.csv" ;;
+    pncu64) bench ncu_prefill64.csv timeout 560 /usr/local/cuda/bin/ncu --clock-control none \
+          --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          --batch 64 --decode 1 --repeats 1 --no-hf
+        xz -f "$OUT/ncu_prefill64.csv" ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"

@@ -285,6 +285,7 @@ arms! {
     selective_scan_tiles => mamba::scan_tiles_match,
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
+    dense_linear_rows_invariant => matmul::dense_linear_rows_invariant,
     conv_step => slots::conv_step_matches,
     ssm_step => slots::ssm_step_matches,
     conv_ssm_step => slots::conv_ssm_step_matches,

@@ -11,8 +11,14 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 37, 48, 20),
         (2, 3, 7, 40),
         (1, 2, 300, 33),
-        // Past MATMUL_ROWS_FROM rows: blocks of rows per batch, the last ragged.
+        // Past MATMUL_ROWS_FROM rows: blocks of rows per batch, the last ragged (the
+        // register-blocked kernel where `n % 4 == 0`: two column blocks, the second of 4
+        // columns, `k` past three shared stages; in bf16 too where the product is too narrow
+        // for the tiled path).
         (2, 519, 24, 40),
+        (1, 1100, 200, 132),
+        (64, 17, 40, 20),
+        (1, 1030, 40, 22),
     ] {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);
@@ -66,4 +72,28 @@ pub fn dense_linear_matches(arm: &Arm) {
             arm.band.lin,
         );
     }
+}
+
+/// The exact matmul sums every output in one order whatever the rows around it: the rows of a
+/// 1,030-row router product (register-blocked kernel) are bit for bit those of the same rows
+/// alone (20 rows: one row per cube). Cube arms only (the host reference is another code).
+pub fn dense_linear_rows_invariant(arm: &Arm) {
+    let mut rng = Rng::new(16, arm);
+    let (m, k, n, few) = (1030, 264, 132, 20);
+    let x = rng.vec(m * k, 1.0);
+    let w = rng.vec(n * k, 1.0);
+    let wt = arm.f32(&w, [n, k]);
+    let all = host(ops::dense_linear(arm.t(&x, [m, k]), wt.clone()));
+    let part = host(ops::dense_linear(arm.t(&x[..few * k], [few, k]), wt));
+    let off = all[..few * n]
+        .iter()
+        .zip(&part)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        off,
+        0,
+        "dense_linear: {off} of {} outputs of the first {few} rows differ between {m} rows and {few}",
+        few * n
+    );
 }
