@@ -49,17 +49,14 @@ pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
     #[comptime] plane: bool,
     #[comptime] ksplit: usize,
 ) {
-    let m = CUBE_POS_X as usize;
-    if m >= slots as usize {
-        terminate!();
-    }
+    // Cubes numbered x + y · count_x, slots fastest ([`super::linear::dispatch::gemv_count`]).
+    let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    let m = cube % slots as usize;
     let (chunks, n_out) = (chunks as usize, n_out as usize);
     // `ksplit` unit rows share an output row (few outputs: more cubes, shorter K per lane).
     let y_unit = UNIT_POS_Y as usize;
     let kpart = y_unit % ksplit;
-    let n0 = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * (CUBE_DIM_Y as usize / ksplit)
-        + y_unit / ksplit)
-        * rows;
+    let n0 = ((cube / slots as usize) * (CUBE_DIM_Y as usize / ksplit) + y_unit / ksplit) * rows;
     let mut acc = Array::<f32>::new(rows);
     #[unroll]
     for r in 0..rows {

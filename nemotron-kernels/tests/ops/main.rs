@@ -174,6 +174,53 @@ fn grids_fold_within_limits() {
     }
 }
 
+/// The GEMV and small-M grids (slots × row blocks, linearized and folded) fit the limits and
+/// hold every (slot, block) pair, with less than one row of idle cubes, at slot counts past
+/// 65,535 (a 70,000-row prompt's plain linear on wgpu; 6 routed slots of 12,000 tokens).
+#[cfg(feature = "cube")]
+#[test]
+fn gemv_grids_fold_within_limits() {
+    use nemotron_kernels::cube::buffers::MAX_CUBES;
+    use nemotron_kernels::cube::linear::dispatch::{gemv_count, small_m_count, GEMV_ROWS};
+    let dims = |c: cubecl::prelude::CubeCount| match c {
+        cubecl::prelude::CubeCount::Static(x, y, z) => (x as usize, y as usize, z as usize),
+        _ => panic!("a GEMV grid is static"),
+    };
+    let rows = GEMV_ROWS as usize;
+    for (n, slots) in [
+        (131_072, 1),
+        (2_688, 70_000),
+        (1_856, 72_000),
+        (8, 3 * 65_536),
+        (4_096, 200_000),
+    ] {
+        for (name, c, pairs) in [
+            ("gemv r1", gemv_count(n, slots, 1), slots * n.div_ceil(rows)),
+            (
+                "gemv r2",
+                gemv_count(n, slots, 2),
+                slots * n.div_ceil(2 * rows),
+            ),
+            (
+                "small-M 8",
+                small_m_count(n, slots, 8),
+                slots.div_ceil(8) * n.div_ceil(rows),
+            ),
+        ] {
+            let (x, y, z) = dims(c);
+            assert!(
+                x <= MAX_CUBES && y <= MAX_CUBES && z <= MAX_CUBES,
+                "{name}({n}, {slots}) = ({x}, {y}, {z})"
+            );
+            assert!(x * y * z >= pairs, "{name}({n}, {slots}): misses cubes");
+            assert!(
+                x * y * z < pairs + x,
+                "{name}({n}, {slots}): a whole idle row"
+            );
+        }
+    }
+}
+
 /// The row blocks of a plain tensor-core call cover every row once, with no idle block, and
 /// their grid rows fold within the limits at any row count.
 #[cfg(feature = "cube")]

@@ -21,7 +21,7 @@
 //! - The **scalar** GEMVs (any size) give a unit row one output row; lanes stride over its
 //!   16-element blocks (or 4-byte words for FP8) and sum through shared memory.
 
-use super::super::buffers::yz;
+use super::super::buffers::fold_xy;
 use cubecl::prelude::*;
 
 /// Lanes per output row (a power of two).
@@ -39,14 +39,17 @@ pub fn gemv_dim() -> CubeDim {
     CubeDim::new_2d(GEMV_LANES, GEMV_ROWS)
 }
 
-/// Cubes for `n` output rows of `slots` output slots, `rows` per unit row: slots along x (the
-/// fastest-varying), row blocks along y (spilling onto z). Consecutive cubes are the slots of one
-/// row block, so a weight block is fetched from memory once and the other slots (rows of `x`,
-/// or routed slots of the same expert) find it in L2.
+/// Cubes for `n` output rows of `slots` output slots, `rows` per unit row: cube `c` (numbered
+/// `x + y · count_x`, [`fold_xy`]) takes slot `c % slots` of row block `c / slots`.
+/// Consecutive cubes are the slots of one row block, so a weight block is fetched from memory
+/// once and the other slots (rows of `x`, or routed slots of the same expert) find it in L2.
+/// Folded, the grid fits every runtime's limits whatever the slots (a 70,000-row prompt on
+/// wgpu, whose x stops at 65,535); cubes past the last block compute rows past `n` and write
+/// nothing.
 pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
     let per_cube = GEMV_ROWS as usize * rows;
-    let (y, z) = yz(n.div_ceil(per_cube));
-    CubeCount::Static(slots.max(1) as u32, y, z)
+    let (x, y) = fold_xy(slots.max(1) * n.div_ceil(per_cube));
+    CubeCount::Static(x, y, 1)
 }
 
 /// Output rows per unit row of the vector GEMV: 2 (each activation chunk reused twice) unless
@@ -108,11 +111,11 @@ pub fn small_m_rows(slots: usize) -> usize {
     [8, 4, 2].into_iter().find(|&m| m <= slots).unwrap_or(1)
 }
 
-/// Cubes of the small-M path: `mrows` rows of `x` per cube along x, blocks of
-/// [`GEMV_ROWS`] output rows along y (spilling onto z).
+/// Cubes of the small-M path: groups of `mrows` rows of `x`, blocks of [`GEMV_ROWS`] output
+/// rows; cube `c` ([`fold_xy`]) takes group `c % groups` of block `c / groups`.
 pub fn small_m_count(n: usize, slots: usize, mrows: usize) -> CubeCount {
-    let (y, z) = yz(n.div_ceil(GEMV_ROWS as usize));
-    CubeCount::Static(slots.div_ceil(mrows).max(1) as u32, y, z)
+    let (x, y) = fold_xy(slots.div_ceil(mrows).max(1) * n.div_ceil(GEMV_ROWS as usize));
+    CubeCount::Static(x, y, 1)
 }
 
 pub use crate::cube::reduce::plane_reduce;

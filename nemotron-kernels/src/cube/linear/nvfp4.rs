@@ -73,11 +73,10 @@ pub fn nvfp4_linear_kernel<F: Float>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
 ) {
-    let slot = CUBE_POS_X as usize;
-    if slot >= slots as usize {
-        terminate!();
-    }
-    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    // Cubes numbered x + y · count_x, slots fastest ([`super::dispatch::gemv_count`]).
+    let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    let slot = cube % slots as usize;
+    let n = ((cube / slots as usize) as u32 * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let n_out = n_out as usize;
     let mut e = 0usize;
     let mut xrow = slot;
@@ -140,11 +139,10 @@ pub fn nvfp4_gemv_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] hw: bool,
     #[comptime] split: bool,
 ) {
-    let slot = CUBE_POS_X as usize;
-    if slot >= slots as usize {
-        terminate!();
-    }
-    let n0 = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
+    // Cubes numbered x + y · count_x, slots fastest ([`super::dispatch::gemv_count`]).
+    let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    let slot = cube % slots as usize;
+    let n0 = ((cube / slots as usize) as u32 * CUBE_DIM_Y + UNIT_POS_Y) as usize * rows;
     let (n_out, k) = (n_out as usize, k as usize);
     let mut e = 0usize;
     let mut xrow = slot;
@@ -296,9 +294,12 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     #[comptime] hw: bool,
     #[comptime] split: bool,
 ) {
-    let m0 = CUBE_POS_X as usize * mrows;
     let slots = slots as usize;
-    let n = ((CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) * CUBE_DIM_Y + UNIT_POS_Y) as usize;
+    // Cubes numbered x + y · count_x, row groups fastest ([`super::dispatch::small_m_count`]).
+    let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
+    let groups = slots.div_ceil(mrows);
+    let m0 = (cube % groups) * mrows;
+    let n = ((cube / groups) as u32 * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let (n_out, k) = (n_out as usize, k as usize);
     // Rows past the end compute on the last row and are never written.
     let row = n.min(n_out - 1);
