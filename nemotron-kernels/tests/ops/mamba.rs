@@ -26,9 +26,9 @@ pub fn conv_matches(arm: &Arm) {
     conv_case(arm, 3, (9, 20, 4), &[vec![9, 1, 5], vec![9, 9, 9]]);
 }
 
-/// A prompt whose units (outputs and state entries, `2 · 3,840 · 1,103` ≈ 8.47 M) pass one
-/// launch's 65,535 cubes of 128: the units stride over the rest (the second sequence's state
-/// and last tokens are written on the second pass).
+/// A long prompt over many channels (`2 · 3,840 · 1,103` ≈ 8.47 M outputs and state entries,
+/// past one grid row of 65,535 elementwise cubes): 30 channel blocks, 138 time blocks per
+/// sequence (the last ragged), the second sequence 63 tokens shorter.
 pub fn conv_long_matches(arm: &Arm) {
     conv_case(arm, 7, (1100, 3840, 4), &[vec![1100, 1037]]);
 }
