@@ -4,9 +4,10 @@
 #   unpack       unpack .device/ (tools/device/pack.sh) and link the build-time checkout path
 #   synth        write the full-size Lightning checkpoint (lightning-mixed) to /tmp/lt
 #   synth-bg     the same in the background (waited for by the first step that needs /tmp/lt)
-#   tests        every CUDA test binary with --ignored
-#   tests-ops F  the ops tests whose names contain one of the comma-separated F, then the other
-#                CUDA test binaries whole
+#   tests        every CUDA test with --ignored (deps/ops, deps/it's device modules, deps/memory
+#                where packed)
+#   tests-ops F  the ops tests whose names contain one of the comma-separated F, then deps/it's
+#                device modules and deps/memory whole
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
@@ -34,6 +35,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 B=.device/release
+# The CUDA tests of the root crate's one test binary (deps/it), by module.
+IT="engine:: slots:: decode_graph:: device_parity:: consistency::"
 LT=/tmp/lt
 wait_lt() { if [ -n "${SYNTH_PID:-}" ]; then wait "$SYNTH_PID"; SYNTH_PID=; fi; }
 run() { # log-file command...
@@ -55,16 +58,15 @@ while [ $# -gt 0 ]; do
       ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text >"$OUT/synth.log" 2>&1 ) &
       SYNTH_PID=$! ;;
     tests)
-      for t in ops engine slots decode_graph device_parity; do
-        run tests.log $B/deps/$t --ignored --test-threads 1
-      done
+      run tests.log $B/deps/ops --ignored --test-threads 1
+      run tests.log $B/deps/it --ignored --test-threads 1 $IT
+      [ -x $B/deps/memory ] && run tests.log $B/deps/memory --ignored --test-threads 1
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
     tests-ops)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests.log $B/deps/ops --ignored --test-threads 1 "${filt[@]}"
-      for t in engine slots decode_graph device_parity; do
-        run tests.log $B/deps/$t --ignored --test-threads 1
-      done
+      run tests.log $B/deps/it --ignored --test-threads 1 $IT
+      [ -x $B/deps/memory ] && run tests.log $B/deps/memory --ignored --test-threads 1
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
     b1) bench engine_b1.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 1 --no-hf --mma-min "$1"

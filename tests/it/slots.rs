@@ -8,9 +8,8 @@
 //! two rows beyond it forgiven for routing flips. Host (Flex) and wgpu run in CI; CUDA is
 //! `#[ignore]`d without a GPU.
 
-mod common;
+use crate::common::*;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::{NemotronH, SlotState};
 

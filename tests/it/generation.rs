@@ -3,8 +3,7 @@
 //! concatenates to the full decode without broken characters, the chat template renders as
 //! expected, batch generation equals single, and every user error is one line.
 
-mod common;
-use common::*;
+use crate::common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::sampling::{filtered_probs, pick};
 use nemotron::{

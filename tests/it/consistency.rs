@@ -5,8 +5,7 @@
 //! Band: both sides run the same f32 code on the host and differ only in summation order (matmul
 //! blocking depends on the row count), so the band is 1e-5 of the logit scale.
 
-mod common;
-use common::*;
+use crate::common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 
 const BAND: f32 = 1e-5;

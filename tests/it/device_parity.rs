@@ -20,9 +20,8 @@
 //! process and a device; each test still checks the dtype its model really holds.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-mod common;
+use crate::common::*;
 use burn::tensor::{DType, Device};
-use common::*;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::{Deviations, NemotronH};
 

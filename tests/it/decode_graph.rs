@@ -6,9 +6,8 @@
 //! counted as ignored without a GPU; run on the device machine with `--ignored`.
 #![cfg(feature = "cuda")]
 
-mod common;
+use crate::common::*;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use common::*;
 use nemotron::kernels::cube::write_i32_in_place;
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::NemotronH;

@@ -1,4 +1,3 @@
-#![allow(dead_code)]
 //! Shared helpers for the model tests.
 
 use burn::tensor::{DType, Device, Tensor};

@@ -13,9 +13,8 @@
 //! held to the tight band, so everything but the activation rounding is checked at 1e-5.
 //! The counterfactual tests show each band rejects a plausible wrong model.
 
-mod common;
+use crate::common::*;
 use burn::tensor::{DType, Device};
-use common::*;
 use nemotron::model::{Deviations, NemotronH};
 
 const BAND: f32 = 1e-5;
