@@ -17,10 +17,15 @@
 //! cube per query head) stays for groups too large for its shared memory. The four-launch form
 //! stays for other head dims.
 //!
+//! Grids: the `(row, chunk)` pairs (or rows, for the merge) fold over y and z, so any batch and
+//! capacity fit the launch limits.
+//!
 //! The lengths and slots are read on the device (`len[s]` before this step's token), so the same
 //! launches serve every step of a captured graph; pad rows (`slot < 0`) write zeros.
 
-use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float};
+use crate::cube::buffers::{
+    arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float, yz,
+};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -136,9 +141,14 @@ pub fn attn_partial_kernel<F: Float>(
         cap as usize,
         chunks as usize,
     );
-    let b = CUBE_POS_Y as usize;
     let h = CUBE_POS_X as usize;
-    let c = CUBE_POS_Z as usize;
+    // (row, chunk) pairs folded over y and z: `rows · chunks` may pass 65,535 cubes.
+    let rc = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if rc >= slots.len() * chunks {
+        terminate!();
+    }
+    let b = rc / chunks;
+    let c = rc % chunks;
     let dd = UNIT_POS_X as usize;
     let slot = slots[b];
     // Uniform per cube: pad rows and chunks past the length leave whole.
@@ -214,8 +224,13 @@ pub fn attn_split_kernel<F: Float>(
         chunks as usize,
     );
     let h = CUBE_POS_X as usize;
-    let b = CUBE_POS_Y as usize;
-    let c = CUBE_POS_Z as usize;
+    // (row, chunk) pairs folded over y and z: `rows · chunks` may pass 65,535 cubes.
+    let rc = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if rc >= slots.len() * chunks {
+        terminate!();
+    }
+    let b = rc / chunks;
+    let c = rc % chunks;
     let u = UNIT_POS_X as usize;
     let slot = slots[b];
     // Uniform per cube: pad rows and chunks past the length leave whole (the merge writes the
@@ -344,7 +359,11 @@ pub fn attn_merge_kernel<F: Float>(
     #[comptime] chunk: usize,
 ) {
     let (nh, hd, chunks) = (heads as usize, head_dim as usize, chunks as usize);
-    let b = CUBE_POS_Y as usize;
+    // Rows folded over y and z (past 65,535 rows).
+    let b = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if b >= slots.len() {
+        terminate!();
+    }
     let h = CUBE_POS_X as usize;
     let dd = UNIT_POS_X as usize;
     if dd >= hd {
@@ -471,8 +490,13 @@ pub fn attn_gqa_kernel<F: Float>(
         chunks as usize,
     );
     let g = CUBE_POS_X as usize;
-    let b = CUBE_POS_Y as usize;
-    let c = CUBE_POS_Z as usize;
+    // (row, chunk) pairs folded over y and z: `rows · chunks` may pass 65,535 cubes.
+    let rc = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if rc >= slots.len() * chunks {
+        terminate!();
+    }
+    let b = rc / chunks;
+    let c = rc % chunks;
     let u = UNIT_POS_X as usize;
     let slot = slots[b];
     // Uniform per cube: pad rows and chunks past the length leave whole.
@@ -790,7 +814,10 @@ fn run<R: CubeRuntime>(
                 if form == AttnForm::Gqa {
                     attn_gqa_kernel::launch::<$t, R>(
                         &client,
-                        CubeCount::Static(kvh as u32, rows as u32, chunks as u32),
+                        {
+                            let (y, z) = yz(rows * chunks);
+                            CubeCount::Static(kvh as u32, y, z)
+                        },
                         CubeDim::new_1d(GQA_UNITS as u32),
                         arg(&q),
                         arg(&k),
@@ -815,7 +842,10 @@ fn run<R: CubeRuntime>(
                 } else {
                     attn_split_kernel::launch::<$t, R>(
                         &client,
-                        CubeCount::Static(nh as u32, rows as u32, chunks as u32),
+                        {
+                            let (y, z) = yz(rows * chunks);
+                            CubeCount::Static(nh as u32, y, z)
+                        },
                         CubeDim::new_1d(SPLIT_UNITS as u32),
                         arg(&q),
                         arg(&k),
@@ -839,7 +869,10 @@ fn run<R: CubeRuntime>(
                 }
                 attn_merge_kernel::launch::<$t, R>(
                     &client,
-                    CubeCount::Static(nh as u32, rows as u32, 1),
+                    {
+                        let (y, z) = yz(rows);
+                        CubeCount::Static(nh as u32, y, z)
+                    },
                     CubeDim::new_1d(hd as u32),
                     arg(&part),
                     arg(&lens),
@@ -897,7 +930,10 @@ fn run<R: CubeRuntime>(
             );
             attn_partial_kernel::launch::<$t, R>(
                 &client,
-                CubeCount::Static(nh as u32, rows as u32, chunks as u32),
+                {
+                    let (y, z) = yz(rows * chunks);
+                    CubeCount::Static(nh as u32, y, z)
+                },
                 CubeDim::new_1d(hd as u32),
                 arg(&scores),
                 arg(&vpool),
@@ -913,7 +949,10 @@ fn run<R: CubeRuntime>(
             );
             attn_merge_kernel::launch::<$t, R>(
                 &client,
-                CubeCount::Static(nh as u32, rows as u32, 1),
+                {
+                    let (y, z) = yz(rows);
+                    CubeCount::Static(nh as u32, y, z)
+                },
                 CubeDim::new_1d(hd as u32),
                 arg(&part),
                 arg(&lens),

@@ -17,7 +17,9 @@
 //!   channel in the row's lanes (lane 0 writes its ring) — with the conv step's arithmetic and
 //!   its rounding to `F`, so the values are those of the two launches.
 
-use crate::cube::buffers::{arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float};
+use crate::cube::buffers::{
+    arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float, yz,
+};
 use crate::cube::reduce::{lane_sum, plane_reduce};
 use crate::{Maybe, ScanDims};
 use burn::tensor::DType;
@@ -207,8 +209,13 @@ pub fn ssm_step_kernel<F: Float>(
         n_state as usize,
     );
     let width = h * p + 2 * g * n;
-    let b = CUBE_POS_Z as usize;
-    let hh = CUBE_POS_Y as usize;
+    // (row, head) pairs folded over y and z (a batch may pass 65,535 rows); uniform per cube.
+    let rh = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
+    if rh >= slots.len() * h {
+        terminate!();
+    }
+    let b = rh / h;
+    let hh = rh % h;
     let pp = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let slot = slots[b];
     let gg = hh / (h / g);
@@ -415,7 +422,8 @@ fn step_launch<R: CubeRuntime>(
         (same(c.weight), bias, c.pool, i32_buf(c.lens), k)
     });
     let y = empty(&xbc, [rows, h, p], dtype);
-    let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, h as u32, rows as u32);
+    let (gy, gz) = yz(rows * h);
+    let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, gy, gz);
     // A lane's share of a state row held in registers where it divides evenly (up to 8 values:
     // `n` ≤ 256); otherwise the strided loop.
     let per = if n % SSM_LANES as usize == 0 && n / (SSM_LANES as usize) <= 8 {
