@@ -139,7 +139,8 @@ fn main() {
 /// Applies one `--mma-min` setting, from the library's defaults: `ROWS,SLOTS` (every plain and
 /// slot-major path from ROWS rows, grouped routing from SLOTS slots), or `key=value` items —
 /// `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped`, `tile` (the tiled NVFP4 kernel: plain rows
-/// and grouped slots) (rows or slots; `max` for off), `inq` (FP8
+/// and grouped slots), `fp8tile` (the tiled FP8 kernel: plain rows) (rows or slots; `max` for
+/// off), `inq` (FP8
 /// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
 /// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
 /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube), `threads=N` (the
@@ -172,7 +173,7 @@ fn apply_setting(t: &str) -> Res<()> {
             dense: rows,
             slot_major: rows,
             grouped: slots,
-            tile: mma::MMA_TILE_MIN,
+            ..mma::MmaMin::default()
         };
     } else {
         for item in items {
@@ -186,6 +187,7 @@ fn apply_setting(t: &str) -> Res<()> {
                 "slotmajor" => m.slot_major = num(v)?,
                 "grouped" => m.grouped = num(v)?,
                 "tile" => m.tile = num(v)?,
+                "fp8tile" => m.fp8_tile = num(v)?,
                 "inq" => inq = num(v)?,
                 "grp" => tune.group = num(v)?,
                 "threads" => tune.threads = num(v)?,

@@ -74,8 +74,9 @@ pub enum PrefillKernels {
     /// The library's thresholds.
     Auto,
     /// Routed experts grouped by expert from one slot, their slots sorted on the device from one
-    /// slot (otherwise from 32 and past 1,024 slots), and NVFP4 linears on the tiled kernel from
-    /// one row or slot (otherwise from 512): so the tiny fixtures run prefill's grouped MoE and
+    /// slot (otherwise from 32 and past 1,024 slots), NVFP4 linears on the tiled kernel from
+    /// one row or slot (otherwise from 512), and FP8 linears whose rows are quantized apart on
+    /// the tiled FP8 kernel (otherwise off): so the tiny fixtures run prefill's grouped MoE and
     /// tiled paths. They take effect where they exist (bf16 on CUDA tensor cores). The scan and
     /// conv kernels have no threshold: they run at every size on every cube backend.
     Tiled,
@@ -88,11 +89,13 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
         PrefillKernels::Auto => {
             m.grouped = linear::mma::MmaMin::default().grouped;
             m.tile = linear::mma::MmaMin::default().tile;
+            m.fp8_tile = linear::mma::MmaMin::default().fp8_tile;
             linear::mma::set_sort_min_slots(linear::mma::MMA_MAX_SLOTS + 1);
         }
         PrefillKernels::Tiled => {
             m.grouped = 1;
             m.tile = 1;
+            m.fp8_tile = 1;
             linear::mma::set_sort_min_slots(1);
         }
     }

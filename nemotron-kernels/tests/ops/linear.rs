@@ -368,7 +368,7 @@ fn mma_linears_case(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
     // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to,
-    // tiled NVFP4 from).
+    // tiled NVFP4 and FP8 from).
     let paths = [
         ("tensor cores", 1usize, 1usize, 8usize, usize::MAX),
         ("tensor cores tiled", 1, 1, 8, 1),
@@ -383,7 +383,11 @@ fn mma_linears_case(arm: &Arm) {
     ];
     let set = |rows: usize, slots: usize, inq: usize, tile: usize| {
         mma::set_mma_min(rows, slots);
-        mma::set_mma(mma::MmaMin { tile, ..mma::mma() });
+        mma::set_mma(mma::MmaMin {
+            tile,
+            fp8_tile: tile,
+            ..mma::mma()
+        });
         mma::set_fp8_inq_max(inq);
     };
     for (m, n, k) in [
@@ -458,6 +462,9 @@ fn mma_linears_case(arm: &Arm) {
         (16, 48, [5, 70, 16]),
         (33, 4096, [24, 8, 9]),
         (150, 256, [16, 8, 24]),
+        // Quantized apart (past the in-kernel rows) with a ragged last step of the tiled
+        // kernel (168 chunks: 10.5 steps of 16).
+        (20, 2688, [40, 56, 8]),
     ] {
         let n: usize = widths.iter().sum();
         let x = rng.vec(m * k, 3.0);

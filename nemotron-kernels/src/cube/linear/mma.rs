@@ -46,7 +46,7 @@ use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-type Fp8E4m3 = cubecl::e4m3;
+pub(super) type Fp8E4m3 = cubecl::e4m3;
 
 /// Warps per cube, at least: they split K of the cube's 16-row tile (a grid of `n / 16` cubes
 /// fills the device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with
@@ -113,6 +113,11 @@ pub struct MmaMin {
     /// Plain NVFP4 rows, and grouped routing slots, from which NVFP4 runs the tiled kernel
     /// ([`super::tile`]: activations staged in shared memory, 64 weight rows per cube).
     pub tile: usize,
+    /// Plain FP8 rows (quantized apart) from which FP8 runs the tiled kernel
+    /// ([`super::tile::fp8_tile_kernel()`]). Off by default: on the H200 it measured no faster
+    /// than [`fp8_mma_kernel()`] at 1,024 rows (`in_proj` 0.338 against 0.333 ms per layer,
+    /// `out_proj` 0.145 against 0.121; PERF §17).
+    pub fp8_tile: usize,
 }
 
 impl Default for MmaMin {
@@ -124,6 +129,7 @@ impl Default for MmaMin {
             slot_major: MMA_MIN_ROWS,
             grouped: MMA_MIN_SLOTS,
             tile: MMA_TILE_MIN,
+            fp8_tile: usize::MAX,
         }
     }
 }
@@ -133,21 +139,27 @@ impl Default for MmaMin {
 /// with.
 pub const MMA_TILE_MIN: usize = 512;
 
-static MIN: [AtomicUsize; 6] = [
+static MIN: [AtomicUsize; 7] = [
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_SLOTS),
     AtomicUsize::new(MMA_TILE_MIN),
+    AtomicUsize::new(usize::MAX),
 ];
 
 /// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
 pub fn set_mma(m: MmaMin) {
-    for (cell, v) in MIN
-        .iter()
-        .zip([m.nvfp4, m.fp8, m.dense, m.slot_major, m.grouped, m.tile])
-    {
+    for (cell, v) in MIN.iter().zip([
+        m.nvfp4,
+        m.fp8,
+        m.dense,
+        m.slot_major,
+        m.grouped,
+        m.tile,
+        m.fp8_tile,
+    ]) {
         cell.store(v, Ordering::Relaxed);
     }
 }
@@ -162,11 +174,12 @@ pub fn mma() -> MmaMin {
         slot_major: v(3),
         grouped: v(4),
         tile: v(5),
+        fp8_tile: v(6),
     }
 }
 
 /// Every plain and slot-major path from `rows`, grouped routing from `slots` (`usize::MAX`
-/// turns a path off); the tiled NVFP4 kernel at its default.
+/// turns a path off); the tiled kernels at their defaults.
 pub fn set_mma_min(rows: usize, slots: usize) {
     set_mma(MmaMin {
         nvfp4: rows,
@@ -175,6 +188,7 @@ pub fn set_mma_min(rows: usize, slots: usize) {
         slot_major: rows,
         grouped: slots,
         tile: MMA_TILE_MIN,
+        fp8_tile: usize::MAX,
     });
 }
 
@@ -321,7 +335,7 @@ pub(super) fn nvfp4_load<NW: Size>(
 /// last chunk), for the FP8 and dense kernels.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn chunk_load<NW: Size>(
+pub(super) fn chunk_load<NW: Size>(
     w: &[Vector<u32, NW>],
     row0: usize,
     row1: usize,
@@ -1292,6 +1306,10 @@ fn fp8_with<R: CubeRuntime>(
         );
         xq
     };
+    if inq == 0 && c.slots >= mma().fp8_tile {
+        super::tile::fp8(c, &xq, &w.weight, &is, &ws);
+        return true;
+    }
     let nt = tiles(c.slots);
     let (block, nblocks) = blocks(c.slots, nt);
     let kw = warps(

@@ -22,12 +22,20 @@
 //! (4 consecutive vectors of one token, and the next token's 320 bytes on: 64 modulo the banks'
 //! 128) — no bank conflicts.
 //!
+//! **FP8** ([`fp8_tile_kernel()`], plain W8A8 linears over rows quantized to E4M3 apart): the
+//! same structure with [`super::mma::fp8_mma_kernel()`]'s math; a step is 256 inputs (16
+//! vectors of 16 codes per token, vector `v` at `tok · RS + v`: a quarter-warp reads vectors
+//! `4q + t` of two tokens, again 8 distinct bank groups), each lane's two rows × 4 chunks of
+//! weights loaded for the next step while this one's `mma`s run.
+//!
 //! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
 //! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::mma::blocks`],
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::mma::{block_end, blocks, e2m1_pair, nvfp4_load, sort_min_slots, tiles};
+use super::mma::{
+    block_end, blocks, chunk_load, e2m1_pair, nvfp4_load, sort_min_slots, tiles, Fp8E4m3,
+};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
@@ -242,6 +250,191 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     }
 }
 
+/// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
+/// activation codes staged in shared memory 256 inputs at a time (module docs), over blocks of
+/// `block` rows. Each `k32` `mma` goes into a zeroed accumulator added to the running f32 sum,
+/// as in [`super::mma::fp8_mma_kernel()`].
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_tile_kernel<NW: Size>(
+    xq: &[Vector<u32, NW>],
+    weight: &[Vector<u32, NW>],
+    input_scales: &[f32],
+    weight_scales: &[f32],
+    y: &mut [bf16],
+    y1: &mut [bf16],
+    y2: &mut [bf16],
+    a: u32,
+    b: u32,
+    k: u32,
+    n_out: u32,
+    tokens: u32,
+    block: u32,
+    #[comptime] nt: usize,
+    #[comptime] tw: usize,
+    #[comptime] relu2: bool,
+    #[comptime] split: bool,
+) {
+    let count = tokens as usize;
+    let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
+    let end = block_end(first, block, count);
+    let (n_out, k) = (n_out as usize, k as usize);
+    let tile0 = CUBE_POS_X as usize * 16 * tw;
+    // Uniform over the cube (the syncs need every unit).
+    if tile0 >= n_out || first >= end {
+        terminate!();
+    }
+    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let (g, t) = (lane / 4, lane % 4);
+    let tile = tile0 + warp * 16;
+    // A warp whose rows are past the end computes on the last row and writes nothing.
+    let row0 = (tile + g).min(n_out - 1);
+    let row1 = (tile + g + 8).min(n_out - 1);
+    let chunks = k / 16;
+    let steps = chunks.div_ceil(16);
+    let def = MmaDefinition::<Fp8E4m3, Fp8E4m3, f32>::new(16usize, 8usize, 32usize);
+    let gs = input_scales[0] * weight_scales[0];
+    // Staging: thread `tid` loads vector `tid % 16` of tokens `r · (threads / 16) + tid / 16`.
+    let tid = warp * 32 + lane;
+    let per = comptime!(nt * 8 * 16 / (tw * 32));
+    let tstep = comptime!(tw * 32 / 16);
+    let vt = tid % 16;
+    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
+    let mut pass = first;
+    while pass < end {
+        let mut xr = Array::<usize>::new(per);
+        #[unroll]
+        for r in 0..per {
+            // Tokens past the end read the last one and are never written.
+            xr[r] = (pass + r * tstep + tid / 16).min(count - 1) * chunks;
+        }
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        #[unroll]
+        for j in 0..nt * 2 {
+            acc[j] = Vector::new(0.0f32);
+        }
+        // Step 0's loads; each step then issues the next step's before its `mma`s.
+        let mut xv = Array::<Vector<u32, NW>>::new(per);
+        #[unroll]
+        for r in 0..per {
+            xv[r] = xq[xr[r] + vt.min(chunks - 1)];
+        }
+        let mut wa = Array::<Vector<u32, NW>>::new(4usize);
+        let mut wb = Array::<Vector<u32, NW>>::new(4usize);
+        chunk_load(
+            weight, row0, row1, chunks, 0usize, t, &mut wa, &mut wb, 4usize,
+        );
+        let mut s = 0usize;
+        while s < steps {
+            #[unroll]
+            for r in 0..per {
+                sx[(r * tstep + tid / 16) * ROW_STRIDE + vt] = xv[r];
+            }
+            sync_cube();
+            let mut ca = Array::<Vector<u32, NW>>::new(4usize);
+            let mut cb = Array::<Vector<u32, NW>>::new(4usize);
+            #[unroll]
+            for q in 0..4usize {
+                ca[q] = wa[q];
+                cb[q] = wb[q];
+            }
+            // The next step's loads (clamped past the last step: read, never used).
+            let v_next = ((s + 1) * 16 + vt).min(chunks - 1);
+            #[unroll]
+            for r in 0..per {
+                xv[r] = xq[xr[r] + v_next];
+            }
+            chunk_load(
+                weight,
+                row0,
+                row1,
+                chunks,
+                (s + 1) * 4,
+                t,
+                &mut wa,
+                &mut wb,
+                4usize,
+            );
+            #[unroll]
+            for q in 0..4usize {
+                let c = (s * 4 + q) * 4 + t;
+                // Chunks past the row's end weigh nothing (code 0 is +0).
+                let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
+                let (va, vb) = (ca[q], cb[q]);
+                let mut r0 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                r0[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(0) & z);
+                r0[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(0) & z);
+                r0[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(1) & z);
+                r0[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(1) & z);
+                let mut r1 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                r1[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2) & z);
+                r1[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2) & z);
+                r1[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(3) & z);
+                r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3) & z);
+                #[unroll]
+                for j in 0..nt {
+                    let v = sx[(j * 8 + g) * ROW_STRIDE + q * 4 + t];
+                    mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
+                    mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
+                }
+            }
+            sync_cube();
+            s += 1;
+        }
+        if tile < n_out {
+            #[unroll]
+            for j in 0..nt {
+                #[unroll]
+                for h in 0..2usize {
+                    let n = tile + g + 8 * h;
+                    #[unroll]
+                    for i in 0..2usize {
+                        let tok = pass + j * 8 + 2 * t + i;
+                        if n < n_out && tok < end {
+                            let val = epilogue(acc[2 * j + h].extract(i) * gs, relu2);
+                            store3(
+                                y,
+                                y1,
+                                y2,
+                                tok,
+                                n,
+                                n_out,
+                                a as usize,
+                                b as usize,
+                                bf16::cast_from(val),
+                                split,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        pass += nt * 8;
+    }
+}
+
+/// One E4M3 `k32` `mma` of token tile `j` into a zeroed accumulator, added to `acc` in f32:
+/// `A` = `ra`, `B` = the activation words `x0`, `x1`.
+#[cube]
+fn mma_e4m3(
+    def: &MmaDefinition<Fp8E4m3, Fp8E4m3, f32>,
+    ra: &Array<Vector<Fp8E4m3, Const<4>>>,
+    x0: u32,
+    x1: u32,
+    acc: &mut Array<Vector<f32, Const<2>>>,
+    #[comptime] j: usize,
+) {
+    let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
+    rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x0);
+    rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x1);
+    let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
+    cr[0] = Vector::new(0.0f32);
+    cr[1] = Vector::new(0.0f32);
+    def.execute_inplace(ra, &rb, &mut cr);
+    acc[2 * j] += cr[0];
+    acc[2 * j + 1] += cr[1];
+}
+
 /// One `mma` of token tile `j`: `A` = `ra`, `B` = elements `(p, p + 4)` and `(p + 1, p + 5)` of
 /// the activation vector `v` (the physical inputs of pairs `p`, `p + 1` of the lane's word).
 #[cube]
@@ -342,4 +535,48 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         )
     };
     Some(c.y.clone())
+}
+
+/// The tiled launch of a plain FP8 call over rows already quantized to E4M3 words `xq` (the
+/// caller, [`super::mma::fp8`], has checked bf16, `k % 16 == 0`, CUDA E4M3 `mma` and
+/// [`super::mma::MmaMin::tile`]).
+pub(crate) fn fp8<R: CubeRuntime>(
+    c: &Call<R>,
+    xq: &CubeTensor<R>,
+    weight: &CubeTensor<R>,
+    is: &CubeTensor<R>,
+    ws: &CubeTensor<R>,
+) {
+    let (sa, sb) = c.split_args();
+    let nt = tiles(c.slots);
+    let (block, nblocks) = blocks(c.slots, nt);
+    let (gy, gz) = yz(nblocks);
+    let gx = c.n.div_ceil(16 * TILE_WARPS) as u32;
+    // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors (vector
+    // indices clamped to the row); tokens and rows past the ends are clamped and never written.
+    unsafe {
+        fp8_tile_kernel::launch_unchecked::<R>(
+            &c.x.client,
+            CubeCount::Static(gx, gy, gz),
+            CubeDim::new_2d(32, TILE_WARPS as u32),
+            4,
+            arg(xq),
+            arg(weight),
+            arg(is),
+            arg(ws),
+            arg(&c.y),
+            arg(&c.y1),
+            arg(&c.y2),
+            sa,
+            sb,
+            c.k as u32,
+            c.n as u32,
+            c.slots as u32,
+            block as u32,
+            nt,
+            TILE_WARPS,
+            c.relu2,
+            c.split.is_some(),
+        )
+    };
 }
