@@ -348,8 +348,22 @@ pub fn matmul_kernel<F: Float>(
     }
 }
 
-/// Rows of one batch per cube of [`matmul_rows_kernel()`].
+/// Rows of one batch per cube of [`matmul_rows_kernel()`] (8 where 16 would leave fewer than
+/// [`MATMUL_TILE_CUBES`] cubes).
 pub const MATMUL_TILE_ROWS: usize = 16;
+/// Cubes of 16 rows below which [`matmul_rows_kernel()`] takes 8 rows per cube: the router
+/// at 1,024 rows ran 64 cubes on the H200's 132 SMs, 0.176 ms as at 2,048 rows (PERF §17).
+pub const MATMUL_TILE_CUBES: usize = 264;
+
+/// Rows per cube of [`matmul_rows_kernel()`] for `bs` batches of `m` rows (the sums do not
+/// depend on it).
+pub fn tile_rows(bs: usize, m: usize) -> usize {
+    if bs * m.div_ceil(MATMUL_TILE_ROWS) < MATMUL_TILE_CUBES {
+        8
+    } else {
+        MATMUL_TILE_ROWS
+    }
+}
 /// Columns per cube of [`matmul_rows_kernel()`]: 32 lanes × 4.
 pub const MATMUL_TILE_COLS: usize = 128;
 /// Output rows per pass of [`matmul_rows_kernel()`]'s split sum: its shared buffer, splits ×
@@ -404,7 +418,14 @@ pub fn matmul_rows_kernel<F: Float, NV: Size>(
     let t = y * lanes + x;
     let threads = lanes * CUBE_DIM_Y as usize;
     let mut k0 = 0usize;
+    let mut wc = Array::<Vector<F, NV>>::new(4usize);
     while k0 < k {
+        // This stage's `w` vectors first (clamped past `k`: read, never used), so their
+        // latency runs under the staging and the barrier instead of before each use.
+        #[unroll]
+        for j in 0..4usize {
+            wc[j] = w[wcol + (k0 + y + j * splits).min(k - 1) * nv];
+        }
         // Stage `a[row0.., k0..k0 + stage]` as `[k][row]`; lanes along `k` (coalesced reads).
         let mut e = t;
         while e < stage * rows {
@@ -426,7 +447,7 @@ pub fn matmul_rows_kernel<F: Float, NV: Size>(
             let kg = k0 + kq;
             // Uniform per warp (a warp is one `y`).
             if kg < k {
-                let wv = w[wcol + kg * nv];
+                let wv = wc[j];
                 let w0 = f32::cast_from(wv.extract(0));
                 let w1 = f32::cast_from(wv.extract(1));
                 let w2 = f32::cast_from(wv.extract(2));
@@ -507,7 +528,8 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
     }
     let c = empty(&a, [bs, m, n], dtype);
     if n % 4 == 0 && m >= MATMUL_TILE_ROWS && bs * m >= MATMUL_ROWS_FROM {
-        let (gy, gz) = yz(bs * m.div_ceil(MATMUL_TILE_ROWS));
+        let rows = tile_rows(bs, m);
+        let (gy, gz) = yz(bs * m.div_ceil(rows));
         let count = CubeCount::Static(n.div_ceil(MATMUL_TILE_COLS) as u32, gy, gz);
         let dim = CubeDim::new_2d(MATMUL_TILE_COLS as u32 / 4, MATMUL_SPLITS);
         macro_rules! go {
@@ -528,7 +550,7 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
                         k as u32,
                         n as u32,
                         MATMUL_SPLITS as usize,
-                        MATMUL_TILE_ROWS,
+                        rows,
                         MATMUL_SLAB,
                     )
                 }

@@ -75,11 +75,20 @@ pub fn dense_linear_matches(arm: &Arm) {
 }
 
 /// The exact matmul sums every output in one order whatever the rows around it: the rows of a
-/// 1,030-row router product (register-blocked kernel) are bit for bit those of the same rows
-/// alone (20 rows: one row per cube). Cube arms only (the host reference is another code).
+/// 1,030-row router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one
+/// (16 rows per cube) are bit for bit those of the same rows alone (20 rows: one row per cube).
+/// Cube arms only (the host reference is another code).
 pub fn dense_linear_rows_invariant(arm: &Arm) {
+    for (m, k, n) in [(1030, 264, 132), (4300, 72, 8)] {
+        rows_invariant_case(arm, m, k, n);
+    }
+}
+
+fn rows_invariant_case(arm: &Arm, m: usize, k: usize, n: usize) {
+    use nemotron_kernels::cube::matmul::tile_rows;
     let mut rng = Rng::new(16, arm);
-    let (m, k, n, few) = (1030, 264, 132, 20);
+    let few = 20;
+    eprintln!("{m} rows: {} per cube", tile_rows(1, m));
     let x = rng.vec(m * k, 1.0);
     let w = rng.vec(n * k, 1.0);
     let wt = arm.f32(&w, [n, k]);
