@@ -29,6 +29,7 @@ pub mod norm;
 pub mod reduce;
 pub mod route;
 pub mod slots;
+pub mod tuning;
 
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};
 use std::sync::atomic::{AtomicBool, Ordering};

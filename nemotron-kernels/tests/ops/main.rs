@@ -174,6 +174,44 @@ fn grids_fold_within_limits() {
     }
 }
 
+/// The environment is read in one module of this crate (`cube/tuning.rs`): no other source
+/// file names `std::env` or `env::var` (seen red with `cube/linear/mma.rs`'s former
+/// `std::env::var("NEMOTRON_MMA")` put back).
+#[test]
+fn environment_read_only_in_tuning() {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![];
+    walk(&src, &mut files);
+    assert!(
+        files.len() > 20,
+        "the crate's sources under {}",
+        src.display()
+    );
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|p| !p.ends_with("cube/tuning.rs"))
+        .filter(|p| {
+            let s = std::fs::read_to_string(p).unwrap();
+            s.contains("std::env") || s.contains("env::var")
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "environment read outside cube/tuning.rs: {offenders:?}"
+    );
+}
+
 /// The GEMV and small-M grids (slots × row blocks, linearized and folded) fit the limits and
 /// hold every (slot, block) pair, with less than one row of idle cubes, at slot counts past
 /// 65,535 (a 70,000-row prompt's plain linear on wgpu; 6 routed slots of 12,000 tokens).

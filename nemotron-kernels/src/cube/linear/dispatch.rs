@@ -58,7 +58,7 @@ pub fn gemv_count(n: usize, slots: usize, rows: usize) -> CubeCount {
 /// unit row measured slower than two once the loads were grouped (registers: 79 per unit, 3 cubes
 /// per SM).
 pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
-    if let Some(r) = knob(&ROWS_KNOB, "NEMOTRON_GEMV_ROWS", &[1, 2, 4]) {
+    if let Some(r) = crate::cube::tuning::gemv_rows() {
         return r;
     }
     if n.div_ceil(GEMV_ROWS as usize * 2) * slots >= TARGET_CUBES {
@@ -74,36 +74,12 @@ pub fn rows_per_unit_row(n: usize, slots: usize) -> usize {
 /// memory round trips into one: every GEMV here is latency-bound, not bandwidth-bound, without
 /// it. `NEMOTRON_GEMV_GROUP=1..8` forces one value (tuning knob, read once).
 pub fn gemv_group(chunks: usize, rows: usize, budget: usize) -> usize {
-    if let Some(g) = knob(
-        &GROUP_KNOB,
-        "NEMOTRON_GEMV_GROUP",
-        &[1, 2, 3, 4, 5, 6, 7, 8],
-    ) {
+    if let Some(g) = crate::cube::tuning::gemv_group() {
         return g;
     }
     chunks
         .div_ceil(GEMV_LANES as usize)
         .clamp(1, (budget / rows).max(1))
-}
-
-static ROWS_KNOB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-static GROUP_KNOB: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-
-/// A tuning knob from the environment: one of `allowed`, read once; anything else is reported
-/// and ignored.
-fn knob(
-    cell: &'static std::sync::OnceLock<Option<usize>>,
-    name: &str,
-    allowed: &[usize],
-) -> Option<usize> {
-    *cell.get_or_init(|| {
-        let v = std::env::var(name).ok()?;
-        let r = v.parse().ok().filter(|r| allowed.contains(r));
-        if r.is_none() {
-            eprintln!("{name}={v:?} ignored: expected one of {allowed:?}");
-        }
-        r
-    })
 }
 
 /// Rows of `x` per cube of the small-M path: 8, 4 or 2 — the largest not above `slots`.

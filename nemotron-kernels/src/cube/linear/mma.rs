@@ -221,15 +221,7 @@ fn supported<R: CubeRuntime>(
 ) -> bool {
     use cubecl::ir::features::MmaConfig;
     use cubecl::ir::{ElemType, FloatKind};
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| match std::env::var("NEMOTRON_MMA").as_deref() {
-        Ok("0") => true,
-        Ok("1") | Err(_) => false,
-        Ok(v) => {
-            eprintln!("NEMOTRON_MMA={v:?} ignored: expected 0 (no tensor cores) or 1");
-            false
-        }
-    });
+    let off = crate::cube::tuning::mma_off();
     !off && client.features().matmul.mma.contains(&MmaConfig {
         a_type: ab,
         b_type: ab,

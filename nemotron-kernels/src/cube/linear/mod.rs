@@ -113,15 +113,7 @@ pub(crate) fn e4m3x4(word: u32) -> Vector<f32, Const<4>> {
 /// from their bits (`e2m1_quarter`, `e4m3_scaled`). `NEMOTRON_HW_DECODE=0` forces the bit path.
 pub fn hw_decode<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
     use cubecl::ir::{ElemType, FloatKind, StorageType};
-    static FORCED_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *FORCED_OFF.get_or_init(|| match std::env::var("NEMOTRON_HW_DECODE").as_deref() {
-        Ok("0") => true,
-        Ok("1") | Err(_) => false,
-        Ok(v) => {
-            eprintln!("NEMOTRON_HW_DECODE={v:?} ignored: expected 0 (bit decoders) or 1");
-            false
-        }
-    });
+    let off = crate::cube::tuning::hw_decode_off();
     !off && client
         .features()
         .type_usage(StorageType::Scalar(ElemType::Float(FloatKind::E4M3)))

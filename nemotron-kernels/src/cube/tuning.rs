@@ -1,0 +1,52 @@
+//! The kernels' settings from the environment, read here and nowhere else in this crate (each
+//! once): switches that turn a device feature off, and tuning knobs for benchmarks. A value that
+//! is not one of those allowed is reported and ignored. (The process-wide setters beside each
+//! kernel family — `linear::mma::set_mma`, `attention::decode::set_form`, … — are the API.)
+
+use std::sync::OnceLock;
+
+/// `NEMOTRON_MMA=0`: no tensor-core (`mma`) kernels.
+pub fn mma_off() -> bool {
+    static CELL: OnceLock<bool> = OnceLock::new();
+    *CELL.get_or_init(|| switch_off("NEMOTRON_MMA", "no tensor cores"))
+}
+
+/// `NEMOTRON_HW_DECODE=0`: E2M1/E4M3 decoded from their bits, not by the device's conversions.
+pub fn hw_decode_off() -> bool {
+    static CELL: OnceLock<bool> = OnceLock::new();
+    *CELL.get_or_init(|| switch_off("NEMOTRON_HW_DECODE", "bit decoders"))
+}
+
+/// `NEMOTRON_GEMV_ROWS=1|2|4`: output rows per unit row of the vector GEMVs.
+pub fn gemv_rows() -> Option<usize> {
+    static CELL: OnceLock<Option<usize>> = OnceLock::new();
+    *CELL.get_or_init(|| knob("NEMOTRON_GEMV_ROWS", &[1, 2, 4]))
+}
+
+/// `NEMOTRON_GEMV_GROUP=1..8`: chunks per row a GEMV lane loads before it computes.
+pub fn gemv_group() -> Option<usize> {
+    static CELL: OnceLock<Option<usize>> = OnceLock::new();
+    *CELL.get_or_init(|| knob("NEMOTRON_GEMV_GROUP", &[1, 2, 3, 4, 5, 6, 7, 8]))
+}
+
+/// `name=0` turns the feature off; unset or `1` leaves it on.
+fn switch_off(name: &str, off_means: &str) -> bool {
+    match std::env::var(name).as_deref() {
+        Ok("0") => true,
+        Ok("1") | Err(_) => false,
+        Ok(v) => {
+            eprintln!("{name}={v:?} ignored: expected 0 ({off_means}) or 1");
+            false
+        }
+    }
+}
+
+/// One of `allowed` from `name`, if set.
+fn knob(name: &str, allowed: &[usize]) -> Option<usize> {
+    let v = std::env::var(name).ok()?;
+    let r = v.parse().ok().filter(|r| allowed.contains(r));
+    if r.is_none() {
+        eprintln!("{name}={v:?} ignored: expected one of {allowed:?}");
+    }
+    r
+}
