@@ -1,5 +1,5 @@
 //! Greedy pick: each row's arg-max over the vocabulary (`[B, V]` → `[B]` I32, the lowest index on
-//! ties, NaN never wins). Grid: one cube per row (rows folded over x and y, [`fold`]), up to
+//! ties, NaN never wins). Grid: one cube per row (rows folded over x and y, `fold`), up to
 //! 1,024 units; each unit keeps the best of
 //! its strided share (four loads in flight per step), then a tree arg-max through shared memory.
 //! Burn's `argmax` without its autotune walks a row with a single unit — milliseconds for a

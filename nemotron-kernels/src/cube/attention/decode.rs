@@ -346,7 +346,7 @@ const MERGE_UNROLL: usize = 8;
 
 /// Merges a `(row, q head)`'s chunk partials: `M = max m_c`, `Z = Σ z_c · e^(m_c − M)`,
 /// `o[d] = Σ o_c[d] · e^(m_c − M) / Z` (pad rows write zeros). A cube per `(q head, row)`, a unit
-/// per `d`; chunks taken [`MERGE_UNROLL`] at a time.
+/// per `d`; chunks taken `MERGE_UNROLL` at a time.
 #[cube(launch)]
 pub fn attn_merge_kernel<F: Float>(
     part: &[f32],

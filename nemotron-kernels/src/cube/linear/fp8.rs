@@ -361,7 +361,7 @@ pub fn launch<R: CubeRuntime>(
 }
 
 /// `launch(rms_norm(x, gate), w)` (Mamba2's gated output norm then `out_proj`): one launch where
-/// the tensor-core kernel can compute the norm in its prologue ([`super::mma::fp8_gated`]),
+/// the tensor-core kernel can compute the norm in its prologue (`super::mma::fp8_gated`),
 /// else the norm kernel and this linear.
 pub fn launch_gated<R: CubeRuntime>(
     x: CubeTensor<R>,

@@ -50,7 +50,7 @@ pub(super) type Fp8E4m3 = cubecl::e4m3;
 
 /// Warps per cube, at least: they split K of the cube's 16-row tile (a grid of `n / 16` cubes
 /// fills the device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with
-/// one tile per warp, 42 cubes). Grids of few cubes take more ([`warps`]).
+/// one tile per warp, 42 cubes). Grids of few cubes take more (`warps`).
 pub const WARPS: u32 = 4;
 
 /// Threads a launch aims to have resident (the default of [`MmaTuning::threads`]; a quarter of
@@ -81,7 +81,7 @@ pub const MMA_FP8_MIN_ROWS: usize = 1;
 /// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
 pub const MMA_MIN_SLOTS: usize = 32;
 
-/// Routing slots up to which one cube groups the slots by expert ([`group_in_one_cube`], the ids
+/// Routing slots up to which one cube groups the slots by expert (`group_in_one_cube`, the ids
 /// staged in shared memory, compiled per slot count: decode batches, a few padded sizes).
 /// Larger routed calls (prefill) sort on the device ([`crate::cube::moe::group`]).
 pub const MMA_MAX_SLOTS: usize = 1024;
@@ -1048,7 +1048,7 @@ pub const GROUP: usize = 2;
 pub struct MmaTuning {
     pub group: usize,
     pub pipe: bool,
-    /// Small grids take more warps per cube ([`warps`]); off: always [`WARPS`].
+    /// Small grids take more warps per cube (`warps`); off: always [`WARPS`].
     pub widen: bool,
     /// The threads a widened grid aims for.
     pub threads: usize,

@@ -23,7 +23,7 @@
 //! 128) — no bank conflicts.
 //!
 //! **FP8** ([`fp8_tile_kernel()`], plain W8A8 linears over rows quantized to E4M3 apart): the
-//! same structure with [`super::mma::fp8_mma_kernel()`]'s math; a step is 256 inputs (16
+//! same structure with [`crate::cube::linear::mma::fp8_mma_kernel()`]'s math; a step is 256 inputs (16
 //! vectors of 16 codes per token, vector `v` at `tok · RS + v`: a quarter-warp reads vectors
 //! `4q + t` of two tokens, again 8 distinct bank groups), each lane's two rows × 4 chunks of
 //! weights loaded for the next step while this one's `mma`s run.
@@ -253,7 +253,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
 /// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
 /// activation codes staged in shared memory 256 inputs at a time (module docs), over blocks of
 /// `block` rows. Each `k32` `mma` goes into a zeroed accumulator added to the running f32 sum,
-/// as in [`super::mma::fp8_mma_kernel()`].
+/// as in [`crate::cube::linear::mma::fp8_mma_kernel()`].
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_tile_kernel<NW: Size>(

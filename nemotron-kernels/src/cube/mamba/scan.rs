@@ -2,7 +2,7 @@
 //! `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`, `g = h / (H/G)`.
 //!
 //! Two kernels, chosen by [`plan`]:
-//! - [`scan_rows_kernel`] (the prefill path): the state lives in registers. A cube takes
+//! - [`scan_rows_kernel()`] (the prefill path): the state lives in registers. A cube takes
 //!   [`ROWS`] state rows `(b, h, p)`; [`LANES`] lanes split each row's `N` entries (`N / LANES`
 //!   each). Time runs in tiles of up to [`TILE`] steps: the cube stages the tile's `B`, `C` rows
 //!   of its group, `exp(dt·A)`, `dt` and `x` in shared memory (coalesced loads, one barrier), then
@@ -11,7 +11,7 @@
 //!   itself is sequential, and it is a register FMA per entry and step: ≈ 50 instructions per
 //!   lane and step against the old kernel's state row read and written in global memory per step.
 //!   Grid: one cube per `(b, h, p-block)` on x, folded onto y past the device's x limit.
-//! - [`selective_scan_kernel`] (the fallback, where `N` is not a multiple of [`LANES`]): one unit
+//! - [`selective_scan_kernel()`] (the fallback, where `N` is not a multiple of [`LANES`]): one unit
 //!   per `(b, h, p)` walking time over its state row in global memory.
 //!
 //! Both read `state` and write `new_state` (f32); positions past a sequence's length leave its
@@ -32,7 +32,7 @@ const _: () = assert!(
     LANES == 8,
     "the shuffle masks of scan_rows_kernel assume 8 lanes"
 );
-/// State rows per cube of [`scan_rows_kernel`] (`LANES · ROWS` = 128 units).
+/// State rows per cube of [`scan_rows_kernel()`] (`LANES · ROWS` = 128 units).
 pub const ROWS: usize = 16;
 /// Time steps staged per tile, at most; fewer for larger `N` ([`tile`]).
 pub const TILE: usize = 32;
@@ -40,9 +40,9 @@ pub const TILE: usize = 32;
 /// Which scan kernel runs, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScanPath {
-    /// [`scan_rows_kernel`] with `per = N / LANES` entries per lane and `tile` steps per tile.
+    /// [`scan_rows_kernel()`] with `per = N / LANES` entries per lane and `tile` steps per tile.
     Rows { per: usize, tile: usize },
-    /// [`selective_scan_kernel`]: `N` is not a multiple of [`LANES`] (or is 0).
+    /// [`selective_scan_kernel()`]: `N` is not a multiple of [`LANES`] (or is 0).
     Sequential,
 }
 
@@ -343,7 +343,7 @@ pub fn launch<R: CubeRuntime>(
     (contiguous_as(y, dtype), contiguous_as(ns, state_dtype))
 }
 
-/// [`selective_scan_kernel`]'s launch (any `N`; the reference's order of operations).
+/// [`selective_scan_kernel()`]'s launch (any `N`; the reference's order of operations).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_sequential<R: CubeRuntime>(
     x: CubeTensor<R>,
