@@ -221,3 +221,20 @@ pub fn compare(m: &NemotronH, r: &Reference) -> (f32, f32, f32) {
     eprintln!("  decode mean |Δ| {:.3e}", mean_diff(&dec, &r.decode));
     (dp, dd, scale)
 }
+
+/// The `parity` example built next to the test binary (`target/<profile>/examples/parity`);
+/// fails, naming the path, where the examples were not built.
+pub fn parity_example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.join("examples/parity"))
+        .unwrap();
+    assert!(
+        bin.exists(),
+        "{} is missing: build the examples first",
+        bin.display()
+    );
+    bin
+}

@@ -375,17 +375,7 @@ mod cuda {
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn cuda_parity_example_runs_the_dtype_asked_for() {
-        let exe = std::env::current_exe().unwrap();
-        let bin = exe
-            .parent()
-            .and_then(|deps| deps.parent())
-            .map(|dir| dir.join("examples/parity"))
-            .unwrap();
-        assert!(
-            bin.exists(),
-            "{} is missing: build the examples first",
-            bin.display()
-        );
+        let bin = crate::common::parity_example();
         let tmp = tempfile::tempdir().unwrap();
         let run = |dtype: &str| -> (String, Vec<u8>) {
             let out = tmp.path().join(format!("{dtype}.safetensors"));

@@ -235,17 +235,7 @@ fn a_sequence_longer_than_a_slot_is_refused() {
 /// (the default) on the host, within the f32 band; an unknown path is refused by name.
 #[test]
 fn parity_example_decode_paths_agree() {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("examples/parity"))
-        .unwrap();
-    assert!(
-        bin.exists(),
-        "{} is missing: build the examples first",
-        bin.display()
-    );
+    let bin = parity_example();
     let tmp = tempfile::tempdir().unwrap();
     let run = |path: &str| -> std::process::Output {
         std::process::Command::new(&bin)
