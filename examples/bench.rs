@@ -480,17 +480,39 @@ fn engine_run_one(
     let mut e = Engine::new(m, opts)?;
     let v = m.config().vocab_size;
     let dev = m.device().clone();
-    let (mut pre, mut dec) = (vec![], vec![]);
+    let (mut pre, mut adm, mut dec) = (vec![], vec![], vec![]);
+    let prompt = |b: usize, r: usize| -> Vec<u32> {
+        (0..plen)
+            .map(|i| ((i * 7919 + 13 + b * 104729 + r) % v) as u32)
+            .collect()
+    };
     for r in 0..=a.repeats.max(1) {
+        // Admission alone, as HF's prefill is timed (one forward over the prompts): every
+        // request stops at its first token, so the step runs no decode.
         for b in 0..batch {
-            let prompt: Vec<u32> = (0..plen)
-                .map(|i| ((i * 7919 + 13 + b * 104729 + r) % v) as u32)
-                .collect();
+            let o = GenerateOptions {
+                max_new_tokens: 1,
+                ..Default::default()
+            };
+            e.submit(&prompt(b, r + 1000), o)?;
+        }
+        sync(&dev);
+        let t0 = Instant::now();
+        let firsts = e.step()?;
+        let t1 = Instant::now();
+        assert!(
+            e.is_idle() && firsts.iter().filter(|ev| ev.token.is_some()).count() == batch,
+            "admission alone answers every request with its first token and decodes nothing"
+        );
+        if r > 0 {
+            adm.push((batch * plen) as f64 / (t1 - t0).as_secs_f64());
+        }
+        for b in 0..batch {
             let o = GenerateOptions {
                 max_new_tokens: a.decode + 1,
                 ..Default::default()
             };
-            e.submit(&prompt, o)?;
+            e.submit(&prompt(b, r), o)?;
         }
         sync(&dev);
         let t0 = Instant::now();
@@ -513,16 +535,16 @@ fn engine_run_one(
             "every request decodes its budget"
         );
     }
-    let (p, d) = (median(pre), median(dec));
+    let (p1, p, d) = (median(adm), median(pre), median(dec));
     println!(
-        "nemotron-rs engine (graphs {}{}): prefill {p:.1} tok/s (batch {batch} × {plen}, incl. one decode step), decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
+        "nemotron-rs engine (graphs {}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
         if graphs { "on" } else { "off" },
         if e.captured().is_empty() { ", none captured".to_string() } else { format!(", captured {:?}", e.captured()) },
         1e3 * batch as f64 / d,
         a.repeats.max(1),
         e.slots().bytes() as f64 / (1u64 << 20) as f64
     );
-    Ok((p, d))
+    Ok((p1, d))
 }
 
 /// HF transformers on the same checkpoint (or config), in the same run.
