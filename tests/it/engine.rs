@@ -38,10 +38,16 @@ fn requests(v: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
 }
 
 fn check(dev: Device, dtype: DType, graphs: bool) {
+    check_slots(dev, dtype, graphs, 2);
+}
+
+/// With `slots` slots: 2 admits one greedy and one sampled request at first and then one at a
+/// time; 4 admits two greedy requests (and two sampled) in one prefill.
+fn check_slots(dev: Device, dtype: DType, graphs: bool, slots: usize) {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
     let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
     let reqs = requests(m.config().vocab_size);
-    let mut opts = EngineOptions::new(2, 32);
+    let mut opts = EngineOptions::new(slots, 32);
     opts.graphs = graphs;
     let mut e = Engine::new(&m, opts).unwrap();
     let ids: Vec<_> = reqs
@@ -76,6 +82,12 @@ fn check(dev: Device, dtype: DType, graphs: bool) {
 #[test]
 fn host_engine_equals_single_sequences() {
     check(host(), DType::F32, false);
+}
+
+/// Several greedy requests admitted by one prefill each take their own row's argmax.
+#[test]
+fn host_engine_admitting_four_equals_single_sequences() {
+    check_slots(host(), DType::F32, false, 4);
 }
 
 #[cfg(feature = "wgpu")]
