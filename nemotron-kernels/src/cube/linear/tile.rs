@@ -16,8 +16,9 @@
 //! activations at the same physical inputs, so every output's products and their per-chunk
 //! order match that kernel; f32 accumulation, the global scale and epilogue at the end.
 //!
-//! **Shared layout.** A step holds 16 vectors of 8 bf16 per token; vector `v` (chunk `v / 4`,
-//! word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4` with `RS` = [`ROW_STRIDE`] = 20: the 8
+//! **Shared layout.** A step holds 16 vectors of 8 bf16 per token, each staged as the four
+//! `B` words its `mma`s take ([`pair_words`]: the pairing done once per staged vector, not per
+//! `mma`); vector `v` (chunk `v / 4`, word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4` with `RS` = [`ROW_STRIDE`] = 20: the 8
 //! lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`) then read 8 distinct 16-byte bank groups
 //! (4 consecutive vectors of one token, and the next token's 320 bytes on: 64 modulo the banks'
 //! 128) — no bank conflicts.
@@ -118,7 +119,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     let tstep = comptime!(tw * 32 / 16);
     let vt = tid % 16;
     let sp = (vt % 4) * 4 + vt / 4;
-    let mut sx = Shared::<[Vector<bf16, NX>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
+    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
     let mut pass = first;
     while pass < end {
         let mut xr = Array::<usize>::new(per);
@@ -156,7 +157,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
         while s < iters {
             #[unroll]
             for r in 0..per {
-                sx[(r * tstep + tid / 16) * ROW_STRIDE + sp] = xv[r];
+                sx[(r * tstep + tid / 16) * ROW_STRIDE + sp] = pair_words::<NX, NW>(xv[r]);
             }
             sync_cube();
             let (va, vb, qa, qb) = (wa[0], wb[0], sa[0], sb[0]);
@@ -205,9 +206,13 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 r1[3] = e2m1_pair(ub, tb, 3u32);
                 #[unroll]
                 for j in 0..nt {
-                    let v = sx[(j * 8 + g) * ROW_STRIDE + w * 4 + t];
-                    mma_b(&def, &r0, v, &mut acc, j, 0usize);
-                    mma_b(&def, &r1, v, &mut acc, j, 2usize);
+                    // Token tiles wholly past the pass's end are skipped (uniform over the
+                    // cube); their sums are never stored.
+                    if pass + j * 8 < end {
+                        let v = sx[(j * 8 + g) * ROW_STRIDE + w * 4 + t];
+                        mma_w(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
+                        mma_w(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
+                    }
                 }
             }
             sync_cube();
@@ -435,26 +440,35 @@ fn mma_e4m3(
     acc[2 * j + 1] += cr[1];
 }
 
-/// One `mma` of token tile `j`: `A` = `ra`, `B` = elements `(p, p + 4)` and `(p + 1, p + 5)` of
-/// the activation vector `v` (the physical inputs of pairs `p`, `p + 1` of the lane's word).
+/// An activation vector of 8 bf16 `[v0 … v7]` as the `B` words its `mma`s take: `(v0, v4)`,
+/// `(v1, v5)`, `(v2, v6)`, `(v3, v7)` — the physical inputs of pairs `p` and `p + 1` of a lane's
+/// weight word (pairs `(p, p + 4)`, [`super::mma::e2m1_pair()`]) for `p = 0` (words 0, 1) and
+/// `p = 2` (words 2, 3). Done once when a vector is staged instead of per `mma` that reads it.
 #[cube]
-fn mma_b<NX: Size>(
+fn pair_words<NX: Size, NW: Size>(v: Vector<bf16, NX>) -> Vector<u32, NW> {
+    let w = Vector::<u32, NW>::reinterpret(v);
+    let (w0, w1, w2, w3) = (w.extract(0), w.extract(1), w.extract(2), w.extract(3));
+    let mut out = Vector::<u32, NW>::empty();
+    out.insert(0usize, (w0 & 0xFFFFu32) | (w2 << 16u32));
+    out.insert(1usize, (w0 >> 16u32) | (w2 & 0xFFFF_0000u32));
+    out.insert(2usize, (w1 & 0xFFFFu32) | (w3 << 16u32));
+    out.insert(3usize, (w1 >> 16u32) | (w3 & 0xFFFF_0000u32));
+    out
+}
+
+/// One `mma` of token tile `j`: `A` = `ra`, `B` = the staged words `b0`, `b1` ([`pair_words`]).
+#[cube]
+fn mma_w(
     def: &MmaDefinition<bf16, bf16, f32>,
     ra: &Array<Vector<bf16, Const<2>>>,
-    v: Vector<bf16, NX>,
+    b0: u32,
+    b1: u32,
     acc: &mut Array<Vector<f32, Const<2>>>,
     #[comptime] j: usize,
-    #[comptime] p: usize,
 ) {
     let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
-    let mut v0 = Vector::<bf16, Const<2>>::empty();
-    v0.insert(0usize, v.extract(p));
-    v0.insert(1usize, v.extract(p + 4));
-    let mut v1 = Vector::<bf16, Const<2>>::empty();
-    v1.insert(0usize, v.extract(p + 1));
-    v1.insert(1usize, v.extract(p + 5));
-    rb[0] = v0;
-    rb[1] = v1;
+    rb[0] = Vector::<bf16, Const<2>>::reinterpret(b0);
+    rb[1] = Vector::<bf16, Const<2>>::reinterpret(b1);
     let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
     cr[0] = acc[2 * j];
     cr[1] = acc[2 * j + 1];
