@@ -16,11 +16,15 @@
 #   pall         engine prefill and 64 decode steps at 1 x 1,024, 16 and 64 x 128 (one load)
 #   pf3          pf without the 12,288-token prompt
 #   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
+#   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
 #   pncu16       the same over one 16 x 128 prefill pass
 #   pncu64       the same over one 64 x 128 prefill pass
+#   pncud B      ncu sections (speed of light, occupancy, warp states, compute and memory
+#                workload) over the first 14 tensor-core, scan, router and attention kernels of
+#                one B x 128 prefill pass
 #   opsb F       ops F on deps/ops_broken (a deliberately broken build, packed by hand: it must
 #                fail)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
@@ -95,6 +99,8 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024 --batch 1,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
+    p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p12k) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
     hfm) wait_lt
@@ -115,6 +121,13 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch 64 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill64.csv" ;;
+    pncud) bench ncu_prefill_detail.txt timeout 500 /usr/local/cuda/bin/ncu --clock-control none \
+          --kernel-name 'regex:tile|mma_kernel|scan_rows|matmul_rows|attn|softmax' --launch-count 14 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats \
+          --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          --batch "$1" --decode 1 --repeats 1 --no-hf
+        xz -f "$OUT/ncu_prefill_detail.txt"; shift ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"

@@ -8,15 +8,27 @@ cd "$(dirname "$0")/../.."
 out=.device/release
 rm -rf .device && mkdir -p "$out/deps" "$out/examples"
 skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+# The checkout each binary was built from (its CARGO_MANIFEST_DIR, from cargo's .d file, less a
+# member crate's folder): a clean-clone CI run with this target/ rebuilds binaries under its own
+# path, and their fixture paths point there. unpack.sh links every root listed in .device/roots.
+roots() { sed -n 's/^# env-dep:CARGO_MANIFEST_DIR=//p' "$1.d" 2>/dev/null | sed -E 's#/nemotron-[a-z]+$##'; }
 for t in ops it memory; do
   skip "$t" && continue
-  f=$(ls -t target/release/deps/${t}-* 2>/dev/null | grep -v '\.d$' | head -n 1)
+  # The root crate's `it` (the loader has its own `it`): the one whose sources are tests/it/.
+  f=$(ls -t target/release/deps/${t}-* 2>/dev/null | grep -v '\.d$' |
+    while read -r c; do
+      [ "$t" != it ] || grep -q '^tests/it/main.rs:' "$c.d" 2>/dev/null || grep -q ' tests/it/main.rs' "$c.d" 2>/dev/null && echo "$c"
+    done | head -n 1)
   [ -n "$f" ] || { echo "no test binary for $t" >&2; exit 1; }
   strip -o "$out/deps/$t" "$f"
+  roots "$f" >>.device/roots.all
 done
 for e in bench synth parity loadtest; do
   skip "$e" && continue
   strip -o "$out/examples/$e" "target/release/examples/$e"
+  roots "target/release/examples/$e" >>.device/roots.all
 done
+sort -u .device/roots.all >.device/roots && rm .device/roots.all
+echo "built under: $(tr '\n' ' ' <.device/roots)"
 xz -T2 -6 "$out"/deps/* "$out"/examples/*
 du -sh .device

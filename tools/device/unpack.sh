@@ -4,5 +4,7 @@
 set -euo pipefail
 for f in .device/release/deps/*.xz .device/release/examples/*.xz; do xz -d -k -f "$f"; done
 chmod +x .device/release/deps/* .device/release/examples/*
-P=${BUILD_ROOT:-/work/main}
-[ "$(realpath -m "$P")" = "$PWD" ] || { mkdir -p "$(dirname "$P")" && ln -sfn "$PWD" "$P"; }
+# Every checkout the packed binaries were built from (pack.sh writes .device/roots).
+for P in ${BUILD_ROOT:-/work/main} $(cat .device/roots 2>/dev/null); do
+  [ "$(realpath -m "$P")" = "$PWD" ] || { mkdir -p "$(dirname "$P")" && ln -sfn "$PWD" "$P"; }
+done
