@@ -10,6 +10,7 @@ use crate::slots::SlotLayer;
 use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor};
+use nemotron_kernels::ops;
 use nemotron_loader::{LayerWeights, MixerWeights, NemotronHConfig};
 
 #[derive(Debug, Clone)]
@@ -144,16 +145,40 @@ impl Block {
         states: &mut [&mut SequenceState],
         layer: usize,
     ) -> (Tensor<3>, Option<BatchLayer>) {
+        let [b, t, hid] = x.dims();
         let h = self.norm.forward(x.clone());
-        let (y, kept) = match &self.mixer {
+        let (y, kept) = self.mix_kept(h, lens, states, layer);
+        let y = match y {
+            MoeOut::Combined(y) => y,
+            MoeOut::Parts { routed, w, shared } => ops::moe_combine(routed, w, shared),
+        };
+        (x + y.reshape([b, t, hid]), kept)
+    }
+
+    /// The mixer alone over a ragged batch, on the already-normalized `h` `[B, T, hidden]`, as
+    /// rows `[B·T, hidden]` (a MoE's left uncombined), with the batch's new layer state where the
+    /// mixer kept it: the prefill adds the residual, combines and applies the next norm in one
+    /// fused op, as the decode step does ([`Self::mix_step`]).
+    pub(crate) fn mix_kept(
+        &self,
+        h: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+    ) -> (MoeOut, Option<BatchLayer>) {
+        let [b, t, hid] = h.dims();
+        let rows = |y: Tensor<3>| MoeOut::Combined(y.reshape([b * t, hid]));
+        match &self.mixer {
             Mixer::Mamba(m) => {
                 let (y, kept) = m.forward_kept(h, lens, states, layer);
-                (y, Some(kept))
+                (rows(y), Some(kept))
             }
-            Mixer::Moe(m) => (m.forward(h), Some(BatchLayer::Stateless)),
-            Mixer::Attention(a) => a.forward_kept(h, lens, states, layer),
-            Mixer::Mlp(m) => (m.forward(h), Some(BatchLayer::Stateless)),
-        };
-        (x + y, kept)
+            Mixer::Moe(m) => (m.forward_parts(h), Some(BatchLayer::Stateless)),
+            Mixer::Attention(a) => {
+                let (y, kept) = a.forward_kept(h, lens, states, layer);
+                (rows(y), kept)
+            }
+            Mixer::Mlp(m) => (rows(m.forward(h)), Some(BatchLayer::Stateless)),
+        }
     }
 }

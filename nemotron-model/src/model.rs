@@ -4,11 +4,12 @@ use crate::block::Block;
 use crate::cache::{BatchLayer, SequenceState};
 use crate::error::ModelError;
 use crate::linear::Linear;
+use crate::moe::MoeOut;
 use crate::norm::RmsNorm;
 use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use nemotron_kernels::Epilogue;
+use nemotron_kernels::{ops, Epilogue};
 use nemotron_loader::{Checkpoint, LoadReport, NemotronHConfig};
 use std::path::Path;
 
@@ -339,15 +340,42 @@ impl NemotronH {
         states: &mut [&mut SequenceState],
         mut seen: impl FnMut(&Tensor<3>),
     ) -> (Tensor<3>, Vec<Option<BatchLayer>>) {
-        let mut x = burn::tensor::module::embedding(self.embeddings.clone(), ids);
+        let x = burn::tensor::module::embedding(self.embeddings.clone(), ids);
         seen(&x);
+        let [b, t, hid] = x.dims();
+        // The residual stream as rows; each block's residual add (and a MoE's combine) is fused
+        // with the next block's norm, as in the decode step: one launch between two mixers
+        // instead of an add, a combine and a norm. After the last block the head normalizes
+        // only the rows it needs, so that block's add stays plain.
+        let mut x: Tensor<2> = x.reshape([b * t, hid]);
+        let mut h = match self.layers.first() {
+            Some(l) => l.norm().forward(x.clone()),
+            None => x.clone(),
+        };
         let mut kept = Vec::with_capacity(self.layers.len());
         for (l, block) in self.layers.iter().enumerate() {
-            let (y, k) = block.forward_kept(x, lens, states, l);
-            x = y;
+            let (y, k) = block.mix_kept(h.clone().reshape([b, t, hid]), lens, states, l);
             kept.push(k);
-            seen(&x);
+            (x, h) = match (self.layers.get(l + 1), y) {
+                (Some(next), MoeOut::Combined(y)) => {
+                    ops::add_rms_norm(x, y, next.norm().weight.clone(), next.norm().eps)
+                }
+                (Some(next), MoeOut::Parts { routed, w, shared }) => ops::add_moe_rms_norm(
+                    x,
+                    routed,
+                    w,
+                    shared,
+                    next.norm().weight.clone(),
+                    next.norm().eps,
+                ),
+                (None, MoeOut::Combined(y)) => (x + y, h),
+                (None, MoeOut::Parts { routed, w, shared }) => {
+                    (x + ops::moe_combine(routed, w, shared), h)
+                }
+            };
+            seen(&x.clone().reshape([b, t, hid]));
         }
+        let x = x.reshape([b, t, hid]);
         for (s, len) in states.iter_mut().zip(lens) {
             s.position += len;
         }
