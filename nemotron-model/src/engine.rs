@@ -14,11 +14,11 @@
 //! after the token ids and slots are written into its input buffers in place. Backends without
 //! graphs run the same step eagerly.
 
+use crate::cache::SlotState;
 use crate::error::ModelError;
 use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::model::NemotronH;
 use crate::sampling::{is_plain_greedy, pick};
-use crate::slots::SlotState;
 use burn::tensor::{capture, DType, Graph, Int, Tensor, TensorData};
 use nemotron_kernels::ops;
 use std::collections::VecDeque;

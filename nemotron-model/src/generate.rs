@@ -113,7 +113,7 @@ pub struct Generator<'a> {
 /// The decode path of a [`Generator`], chosen after the prefill.
 enum Decode {
     Unset,
-    Slots(Box<crate::slots::SlotState>),
+    Slots(Box<crate::cache::SlotState>),
     Ragged,
 }
 

@@ -34,6 +34,7 @@ pub mod slots;
 mod util;
 
 pub use cache::SequenceState;
+pub use cache::SlotState;
 pub use deviation::Deviations;
 pub use engine::{Engine, EngineOptions, Event, RequestId};
 pub use error::ModelError;
@@ -42,4 +43,3 @@ pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;
 pub use sampling::Sampling;
-pub use slots::SlotState;

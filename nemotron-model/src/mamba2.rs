@@ -1,10 +1,9 @@
 //! The Mamba2 mixer: in_proj → causal conv + SiLU over `[x|B|C]` → selective scan with D skip →
 //! gated group RMSNorm → out_proj.
 
-use crate::cache::{BatchLayer, LayerState, SequenceState};
+use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
 use crate::linear::Linear;
 use crate::norm::GatedRmsNorm;
-use crate::slots::SlotLayer;
 use crate::util::{float, from_vec};
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor};

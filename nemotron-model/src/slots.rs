@@ -8,72 +8,12 @@
 
 use crate::attention::Attention;
 use crate::block::Mixer;
-use crate::cache::{BatchLayer, LayerState, SequenceState};
+use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer, SlotState};
 use crate::error::ModelError;
 use crate::model::NemotronH;
 use crate::moe::MoeOut;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
-
-/// One layer's share of the slot pools.
-#[derive(Debug, Clone)]
-pub enum SlotLayer {
-    Mamba { conv: Tensor<3>, ssm: Tensor<4> },
-    Attention { k: Tensor<4>, v: Tensor<4> },
-    Stateless,
-}
-
-/// The decode state of up to `slots` sequences of up to `capacity` tokens each.
-#[derive(Debug, Clone)]
-pub struct SlotState {
-    pub(crate) layers: Vec<SlotLayer>,
-    /// Tokens held by each slot, `[S]` I32 on the device (read by the attention kernels).
-    pub(crate) lens: Tensor<1, Int>,
-    /// The same lengths on the host.
-    host_lens: Vec<usize>,
-    capacity: usize,
-}
-
-impl SlotState {
-    pub fn slots(&self) -> usize {
-        self.host_lens.len()
-    }
-
-    /// Tokens each slot can hold (prompt and generated together).
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// Tokens slot `slot` holds.
-    pub fn len(&self, slot: usize) -> usize {
-        self.host_lens[slot]
-    }
-
-    /// Device bytes the pools take.
-    pub fn bytes(&self) -> usize {
-        let size = |t: &Tensor<3>| t.shape().num_elements() * t.dtype().size();
-        let size4 = |t: &Tensor<4>| t.shape().num_elements() * t.dtype().size();
-        self.layers
-            .iter()
-            .map(|l| match l {
-                SlotLayer::Mamba { conv, ssm } => size(conv) + size4(ssm),
-                SlotLayer::Attention { k, v } => size4(k) + size4(v),
-                SlotLayer::Stateless => 0,
-            })
-            .sum::<usize>()
-            + 4 * self.slots()
-    }
-
-    /// Records on the host that the rows of `slots` (negative: pad) took one more token, as
-    /// [`NemotronH::decode_slots`] did on the device.
-    pub fn note_step(&mut self, slots: &[i32]) {
-        for &s in slots {
-            if s >= 0 {
-                self.host_lens[s as usize] += 1;
-            }
-        }
-    }
-}
 
 impl NemotronH {
     /// Zero pools for `slots` sequences of up to `capacity` tokens each.

@@ -11,4 +11,5 @@ mod device_parity;
 mod engine;
 mod generation;
 mod hf_parity;
+mod imports;
 mod slots;

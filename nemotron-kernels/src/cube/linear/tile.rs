@@ -17,11 +17,11 @@
 //! order match that kernel; f32 accumulation, the global scale and epilogue at the end.
 //!
 //! **Shared layout.** A step holds 16 vectors of 8 bf16 per token, each staged as the four
-//! `B` words its `mma`s take ([`pair_words`]: the pairing done once per staged vector, not per
-//! `mma`); vector `v` (chunk `v / 4`, word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4` with `RS` = [`ROW_STRIDE`] = 20: the 8
-//! lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`) then read 8 distinct 16-byte bank groups
-//! (4 consecutive vectors of one token, and the next token's 320 bytes on: 64 modulo the banks'
-//! 128) — no bank conflicts.
+//! `B` words its `mma`s take (`pair_words`: the pairing done once per staged vector, not per
+//! `mma`); vector `v` (chunk `v / 4`, word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4`
+//! with `RS` = [`ROW_STRIDE`] = 20: the 8 lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`)
+//! then read 8 distinct 16-byte bank groups (4 consecutive vectors of one token, and the next
+//! token's 320 bytes on: 64 modulo the banks' 128) — no bank conflicts.
 //!
 //! **FP8** ([`fp8_tile_kernel()`], plain W8A8 linears over rows quantized to E4M3 apart): the
 //! same structure with [`crate::cube::linear::mma::fp8_mma_kernel()`]'s math; a step is 256 inputs (16
