@@ -11,8 +11,7 @@
 //! y = experts; a cube whose expert has no slot leaves at once.
 
 use super::dispatch::{gemv_dim, plane_reduce, GEMV_LANES, GEMV_UNITS};
-use super::nvfp4::word_dot;
-use super::{e4m3, epilogue, hw_decode, lane_sum, word_dot_f16, Call};
+use super::{e4m3, epilogue, hw_decode, lane_sum, word_dot, word_dot_f16, Call};
 use crate::cube::buffers::{arg, empty, with_float};
 use crate::Nvfp4Weights;
 use burn::tensor::DType;

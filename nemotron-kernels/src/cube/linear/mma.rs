@@ -36,17 +36,17 @@
 use super::super::buffers::{
     arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz, MAX_CUBES,
 };
+use super::frag::{block_end, chunk_load, e2m1_pair, nvfp4_load, tiles, Fp8E4m3};
+pub use super::frag::{blocks, BLOCK_PASSES};
 use super::grouped::group_in_one_cube;
 use super::{e4m3, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
-use burn::tensor::{bf16, f16, DType};
+use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-pub(super) type Fp8E4m3 = cubecl::e4m3;
 
 /// Warps per cube, at least: they split K of the cube's 16-row tile (a grid of `n / 16` cubes
 /// fills the device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with
@@ -232,21 +232,6 @@ fn supported<R: CubeRuntime>(
     })
 }
 
-/// `E2M1 · scale` of nibbles `(p, p + 4)` of `word` as a bf16 pair, exactly (see the module docs):
-/// the nibbles as f16 `E2M1 · 2^-14`, to f32, times `scale` (which carries the `2^14`), to bf16.
-#[cube]
-pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
-    let mag = if p < 3 {
-        (word << (9 - 4 * p)) & 0x0E00_0E00u32
-    } else {
-        (word >> 3u32) & 0x0E00_0E00u32
-    };
-    let sign = (word << (12 - 4 * p)) & 0x8000_8000u32;
-    let h = Vector::<f16, Const<2>>::reinterpret(mag | sign);
-    let f = Vector::<f32, Const<2>>::cast_from(h) * Vector::new(scale);
-    Vector::<bf16, Const<2>>::cast_from(f)
-}
-
 /// One `mma` step `2w + h` of [`nvfp4_mma_kernel()`] for every token tile: the `A` fragment from
 /// the words `wa` (row `g`) and `wb` (row `g + 8`), the `B` fragments from each tile's activations
 /// at vector `base` of its row.
@@ -289,60 +274,6 @@ fn nvfp4_step<NX: Size>(
         def.execute_inplace(&ra, &rb, &mut cr);
         acc[2 * j] = cr[0];
         acc[2 * j + 1] = cr[1];
-    }
-}
-
-/// Loads `grp` 128-input steps of rows `row0`/`row1` from step `it0` (clamped to the last
-/// chunk) with their block-scale words, for [`nvfp4_mma_kernel()`].
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn nvfp4_load<NW: Size>(
-    packed: &[Vector<u32, NW>],
-    scales: &[u32],
-    row0: usize,
-    row1: usize,
-    chunks: usize,
-    nb: usize,
-    it0: usize,
-    t: usize,
-    wa: &mut Array<Vector<u32, NW>>,
-    wb: &mut Array<Vector<u32, NW>>,
-    sa: &mut Array<u32>,
-    sb: &mut Array<u32>,
-    #[comptime] grp: usize,
-) {
-    #[unroll]
-    for q in 0..grp {
-        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-        wa[q] = packed[row0 * chunks + cc];
-        wb[q] = packed[row1 * chunks + cc];
-        let si0 = row0 * nb + cc * 2;
-        let si1 = row1 * nb + cc * 2;
-        sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
-        sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
-    }
-}
-
-/// Loads `grp` steps of 16-byte chunks of rows `row0`/`row1` from step `it0` (clamped to the
-/// last chunk), for the FP8 and dense kernels.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn chunk_load<NW: Size>(
-    w: &[Vector<u32, NW>],
-    row0: usize,
-    row1: usize,
-    chunks: usize,
-    it0: usize,
-    t: usize,
-    wa: &mut Array<Vector<u32, NW>>,
-    wb: &mut Array<Vector<u32, NW>>,
-    #[comptime] grp: usize,
-) {
-    #[unroll]
-    for q in 0..grp {
-        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-        wa[q] = w[row0 * chunks + cc];
-        wb[q] = w[row1 * chunks + cc];
     }
 }
 
@@ -999,38 +930,11 @@ pub fn dense_mma_kernel<NW: Size>(
     }
 }
 
-/// The end of the block of `block` rows from `first` in a call of `count` rows.
-#[cube]
-pub(super) fn block_end(first: usize, block: u32, count: usize) -> usize {
-    let end = first + block as usize;
-    if end < count {
-        end
-    } else {
-        count
-    }
-}
-
-/// Passes of `8 · nt` rows a plain (unrouted) tensor-core cube takes: one. A prefill's rows
-/// then spread over grid y in blocks of one pass instead of one cube row walking them all:
-/// at 1,024 rows the FP8 `in_proj` had 644 cubes of 4 warps (≈ 20 warps per H200 SM) and the
-/// dense `o_proj` 168 cubes of 16 warps splitting K, each walking 16 passes (ncu, PERF §15).
-pub const BLOCK_PASSES: usize = 1;
-
-/// Rows per block and blocks (grid y, folded onto z past 65,535) of a plain call over `rows`
-/// rows taken `8 · nt` per pass (pure; tested on the host).
-pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
-    let block = 8 * nt * BLOCK_PASSES;
-    (block, rows.div_ceil(block).max(1))
-}
-
-/// Token tiles of 8 per pass for `per_expert` tokens on average.
-pub(super) fn tiles(per_expert: usize) -> usize {
-    match per_expert.div_ceil(8) {
-        0 | 1 => 1,
-        2 => 2,
-        3 | 4 => 4,
-        _ => 8,
-    }
+/// Whether an NVFP4 call of `rows` plain rows or `slots` grouped routing slots runs the tiled
+/// kernel: from [`MmaMin::tile`].
+fn tile_applies(c: &Call<impl CubeRuntime>, grouped: bool) -> bool {
+    let min = mma().tile;
+    (grouped || !c.routed) && c.slots >= min
 }
 
 fn grid(n: usize, experts: usize) -> CubeCount {
@@ -1118,8 +1022,8 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     if c.dtype != DType::BF16 || c.k % 32 != 0 || !enough || !supported(&c.x.client, bf16_mma, 16) {
         return None;
     }
-    if super::tile::applies(c, grouped) {
-        return super::tile::nvfp4(c, w);
+    if tile_applies(c, grouped) {
+        return super::tile::nvfp4(c, w, sort_min_slots());
     }
     let client = &c.x.client;
     let (sa, sb) = c.split_args();

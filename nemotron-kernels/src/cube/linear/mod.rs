@@ -4,6 +4,7 @@
 
 pub mod dispatch;
 pub mod fp8;
+pub mod frag;
 pub mod grouped;
 pub mod mma;
 pub mod nvfp4;
@@ -68,6 +69,20 @@ pub(crate) fn e2m1_quarter(word: u32, #[comptime] j: u32) -> f32 {
     let q = v.min(2.0f32 * v - 0.25f32);
     let sign = (word << (28 - 4 * j)) & 0x8000_0000u32;
     f32::reinterpret(u32::reinterpret(q) ^ sign)
+}
+
+/// `Σ_j E2M1[code j of word] · xs[base + j] / 4` over a word's 8 nibbles.
+#[cube]
+pub(crate) fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
+    let mut p = e2m1_quarter(word, 0u32) * xs[base];
+    p += e2m1_quarter(word, 1u32) * xs[base + 1];
+    p += e2m1_quarter(word, 2u32) * xs[base + 2];
+    p += e2m1_quarter(word, 3u32) * xs[base + 3];
+    p += e2m1_quarter(word, 4u32) * xs[base + 4];
+    p += e2m1_quarter(word, 5u32) * xs[base + 5];
+    p += e2m1_quarter(word, 6u32) * xs[base + 6];
+    p += e2m1_quarter(word, 7u32) * xs[base + 7];
+    p
 }
 
 /// `Σ_j E2M1[code j of word] · 2^−14 · xs[base + j]` over a word's 8 nibbles through the

@@ -11,7 +11,8 @@ use super::dispatch::{
     GEMV_LANES, GEMV_UNITS,
 };
 use super::{
-    byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, store3, word_dot_f16, Call,
+    byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, store3, word_dot,
+    word_dot_f16, Call,
 };
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
@@ -92,20 +93,6 @@ pub fn nvfp4_linear_kernel<F: Float>(
     if UNIT_POS_X == 0 && n < n_out {
         y[slot * n_out + n] = F::cast_from(epilogue(total * globals[e], relu2));
     }
-}
-
-/// `Σ_j E2M1[code j of word] · xs[base + j] / 4` over a word's 8 nibbles.
-#[cube]
-pub(crate) fn word_dot(word: u32, xs: &Array<f32>, #[comptime] base: usize) -> f32 {
-    let mut p = e2m1_quarter(word, 0u32) * xs[base];
-    p += e2m1_quarter(word, 1u32) * xs[base + 1];
-    p += e2m1_quarter(word, 2u32) * xs[base + 2];
-    p += e2m1_quarter(word, 3u32) * xs[base + 3];
-    p += e2m1_quarter(word, 4u32) * xs[base + 4];
-    p += e2m1_quarter(word, 5u32) * xs[base + 5];
-    p += e2m1_quarter(word, 6u32) * xs[base + 6];
-    p += e2m1_quarter(word, 7u32) * xs[base + 7];
-    p
 }
 
 /// The vector GEMV (see [`crate::cube::linear::dispatch`]): unit row `u` of cube `c` owns output rows

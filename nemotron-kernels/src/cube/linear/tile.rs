@@ -30,13 +30,11 @@
 //! weights loaded for the next step while this one's `mma`s run.
 //!
 //! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
-//! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::mma::blocks`],
+//! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::frag::blocks`],
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::mma::{
-    block_end, blocks, chunk_load, e2m1_pair, nvfp4_load, sort_min_slots, tiles, Fp8E4m3,
-};
+use super::frag::{block_end, blocks, chunk_load, e2m1_pair, nvfp4_load, tiles, Fp8E4m3};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
@@ -442,7 +440,7 @@ fn mma_e4m3(
 
 /// An activation vector of 8 bf16 `[v0 … v7]` as the `B` words its `mma`s take: `(v0, v4)`,
 /// `(v1, v5)`, `(v2, v6)`, `(v3, v7)` — the physical inputs of pairs `p` and `p + 1` of a lane's
-/// weight word (pairs `(p, p + 4)`, [`super::mma::e2m1_pair()`]) for `p = 0` (words 0, 1) and
+/// weight word (pairs `(p, p + 4)`, [`super::frag::e2m1_pair()`]) for `p = 0` (words 0, 1) and
 /// `p = 2` (words 2, 3). Done once when a vector is staged instead of per `mma` that reads it.
 #[cube]
 fn pair_words<NX: Size, NW: Size>(v: Vector<bf16, NX>) -> Vector<u32, NW> {
@@ -477,19 +475,13 @@ fn mma_w(
     acc[2 * j + 1] = cr[1];
 }
 
-/// Whether an NVFP4 call of `rows` plain rows or `slots` grouped routing slots runs the tiled
-/// kernel: from [`super::mma::MmaMin::tile`].
-pub(crate) fn applies(c: &Call<impl CubeRuntime>, grouped: bool) -> bool {
-    let min = super::mma::mma().tile;
-    (grouped || !c.routed) && c.slots >= min
-}
-
-/// The tiled launch of an NVFP4 call (the caller has checked bf16, `k % 32 == 0`, CUDA `mma` and
-/// [`applies`]): routed calls grouped by expert (sorted on the device past
-/// [`sort_min_slots`]), plain calls over blocks of rows.
+/// The tiled launch of an NVFP4 call (the caller, [`super::mma`], has checked bf16, `k % 32 == 0`,
+/// CUDA `mma` and `MmaMin::tile`): routed calls grouped by expert (sorted on the device from
+/// `sort_min` slots), plain calls over blocks of rows.
 pub(crate) fn nvfp4<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
+    sort_min: usize,
 ) -> Option<CubeTensor<R>> {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
@@ -499,7 +491,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             return None;
         }
         let ids = c.experts.as_ref()?;
-        let (counts, members) = if c.slots < sort_min_slots() {
+        let (counts, members) = if c.slots < sort_min {
             super::grouped::group_in_one_cube(c, ids, n_experts)
         } else {
             crate::cube::moe::group(ids, n_experts)

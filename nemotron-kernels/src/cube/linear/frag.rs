@@ -1,0 +1,112 @@
+//! What the tensor-core kernels ([`super::mma`], [`super::tile`]) share: the E2M1 pair decode
+//! that feeds an `mma` fragment, the weight loads of a step, and the row-block and token-tile
+//! arithmetic of their grids. A leaf: it imports no kernel module, so the kernels import it one way.
+
+use burn::tensor::{bf16, f16};
+use cubecl::prelude::*;
+
+/// The E4M3 element type of the FP8 `mma`.
+pub(super) type Fp8E4m3 = cubecl::e4m3;
+
+/// `E2M1 · scale` of nibbles `(p, p + 4)` of `word` as a bf16 pair, exactly ([`super::mma`]):
+/// the nibbles as f16 `E2M1 · 2^-14`, to f32, times `scale` (which carries the `2^14`), to bf16.
+#[cube]
+pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
+    let mag = if p < 3 {
+        (word << (9 - 4 * p)) & 0x0E00_0E00u32
+    } else {
+        (word >> 3u32) & 0x0E00_0E00u32
+    };
+    let sign = (word << (12 - 4 * p)) & 0x8000_8000u32;
+    let h = Vector::<f16, Const<2>>::reinterpret(mag | sign);
+    let f = Vector::<f32, Const<2>>::cast_from(h) * Vector::new(scale);
+    Vector::<bf16, Const<2>>::cast_from(f)
+}
+
+/// Loads `grp` 128-input steps of rows `row0`/`row1` from step `it0` (clamped to the last
+/// chunk) with their block-scale words, for [`super::mma::nvfp4_mma_kernel()`].
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nvfp4_load<NW: Size>(
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    row0: usize,
+    row1: usize,
+    chunks: usize,
+    nb: usize,
+    it0: usize,
+    t: usize,
+    wa: &mut Array<Vector<u32, NW>>,
+    wb: &mut Array<Vector<u32, NW>>,
+    sa: &mut Array<u32>,
+    sb: &mut Array<u32>,
+    #[comptime] grp: usize,
+) {
+    #[unroll]
+    for q in 0..grp {
+        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+        wa[q] = packed[row0 * chunks + cc];
+        wb[q] = packed[row1 * chunks + cc];
+        let si0 = row0 * nb + cc * 2;
+        let si1 = row1 * nb + cc * 2;
+        sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
+        sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
+    }
+}
+
+/// Loads `grp` steps of 16-byte chunks of rows `row0`/`row1` from step `it0` (clamped to the
+/// last chunk), for the FP8 and dense kernels.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn chunk_load<NW: Size>(
+    w: &[Vector<u32, NW>],
+    row0: usize,
+    row1: usize,
+    chunks: usize,
+    it0: usize,
+    t: usize,
+    wa: &mut Array<Vector<u32, NW>>,
+    wb: &mut Array<Vector<u32, NW>>,
+    #[comptime] grp: usize,
+) {
+    #[unroll]
+    for q in 0..grp {
+        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
+        wa[q] = w[row0 * chunks + cc];
+        wb[q] = w[row1 * chunks + cc];
+    }
+}
+
+/// The end of the block of `block` rows from `first` in a call of `count` rows.
+#[cube]
+pub(super) fn block_end(first: usize, block: u32, count: usize) -> usize {
+    let end = first + block as usize;
+    if end < count {
+        end
+    } else {
+        count
+    }
+}
+
+/// Passes of `8 · nt` rows a plain (unrouted) tensor-core cube takes: one. A prefill's rows
+/// then spread over grid y in blocks of one pass instead of one cube row walking them all:
+/// at 1,024 rows the FP8 `in_proj` had 644 cubes of 4 warps (≈ 20 warps per H200 SM) and the
+/// dense `o_proj` 168 cubes of 16 warps splitting K, each walking 16 passes (ncu, PERF §15).
+pub const BLOCK_PASSES: usize = 1;
+
+/// Rows per block and blocks (grid y, folded onto z past 65,535) of a plain call over `rows`
+/// rows taken `8 · nt` per pass (pure; tested on the host).
+pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
+    let block = 8 * nt * BLOCK_PASSES;
+    (block, rows.div_ceil(block).max(1))
+}
+
+/// Token tiles of 8 per pass for `per_expert` tokens on average.
+pub(super) fn tiles(per_expert: usize) -> usize {
+    match per_expert.div_ceil(8) {
+        0 | 1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    }
+}
