@@ -55,6 +55,11 @@ struct Args {
     /// Recipe for --synthetic: bf16 | nano-nvfp4 | lightning-mixed
     #[arg(long, default_value = "lightning-mixed")]
     recipe: String,
+    /// Weight seed for --synthetic (`synth`'s default is 0: `--synthetic lightning --seed 0`
+    /// builds in memory the weights `synth --geometry lightning` writes, so the routing, and
+    /// with it the experts' load, is the same; refused without --synthetic).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Prompt lengths; a list (`1024,8192`) measures batch-1 prefill at each (HF at the first).
     #[arg(long, value_delimiter = ',', default_value = "128")]
     prompt_len: Vec<usize>,
@@ -262,7 +267,7 @@ fn load(
             .ok_or_else(|| format!("unknown --recipe {:?}", a.recipe))?;
         let opts = SynthOptions {
             recipe,
-            seed: 1,
+            seed: a.seed.unwrap_or(1),
             max_shard_bytes: 0,
             misalign: false,
         };
@@ -288,6 +293,11 @@ fn load(
             format!("synthetic {g} ({}, in memory)", a.recipe),
             Some(cfg_dir),
         ));
+    }
+    if a.seed.is_some() {
+        return Err(
+            "--seed sets the weights of --synthetic; without it there is nothing to seed".into(),
+        );
     }
     let (dir, label, tmp) = match &a.model {
         Some(d) => (d.clone(), d.display().to_string(), None),

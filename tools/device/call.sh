@@ -17,6 +17,8 @@
 #   pf3          pf without the 12,288-token prompt
 #   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
+#   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
+#                no synth step, no checkpoint on disk
 #   p12k         engine prefill of 1 x 12,288 tokens (one repeat)
 #   hfm          HF + mamba_ssm's Triton kernels only, 1 x 1,024, 16 and 64 x 128 (one repeat)
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
@@ -101,6 +103,9 @@ while [ $# -gt 0 ]; do
           --graphs on --prompt-len 1024 --batch 1,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
+    p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 \
+          --no-hf ;;
     p12k) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
     hfm) wait_lt
