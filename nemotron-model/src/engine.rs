@@ -321,16 +321,7 @@ impl<'m> Engine<'m> {
                 self.free.push(slot);
                 continue;
             }
-            let tok = if greedy[i] {
-                chosen[i]
-            } else {
-                pick(
-                    &host[i * v..(i + 1) * v],
-                    &r.opts.sampling,
-                    &r.history,
-                    &mut r.rng,
-                )
-            };
+            let tok = r.choose(|| chosen[i], &host, i, v);
             let stop = r.take(tok);
             events.push(Event {
                 id: r.id,
@@ -402,16 +393,7 @@ impl<'m> Engine<'m> {
         let mut events = Vec::with_capacity(b);
         let mut still = Vec::with_capacity(b);
         for (i, mut r) in std::mem::take(&mut self.running).into_iter().enumerate() {
-            let tok = if is_plain_greedy(&r.opts.sampling) {
-                chosen[i] as u32
-            } else {
-                pick(
-                    &host[i * v..(i + 1) * v],
-                    &r.opts.sampling,
-                    &r.history,
-                    &mut r.rng,
-                )
-            };
+            let tok = r.choose(|| chosen[i] as u32, &host, i, v);
             let stop = r.take(tok);
             events.push(Event {
                 id: r.id,
@@ -480,6 +462,22 @@ fn needed_context(prompt: usize, opts: &GenerateOptions, max_context: Option<usi
 }
 
 impl Running {
+    /// This request's token from row `i` of a batch: the device's argmax for plain greedy
+    /// sampling, otherwise drawn from the row's host copy (`host`: rows of `v` logits, read back
+    /// only when some request of the batch samples).
+    fn choose(&mut self, argmax: impl FnOnce() -> u32, host: &[f32], i: usize, v: usize) -> u32 {
+        if is_plain_greedy(&self.opts.sampling) {
+            argmax()
+        } else {
+            pick(
+                &host[i * v..(i + 1) * v],
+                &self.opts.sampling,
+                &self.history,
+                &mut self.rng,
+            )
+        }
+    }
+
     /// The generator's checks before producing a token.
     fn before_token(&self) -> Option<StopReason> {
         if self.produced >= self.opts.max_new_tokens {

@@ -11,14 +11,19 @@ skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 # The checkout each binary was built from (its CARGO_MANIFEST_DIR, from cargo's .d file, less a
 # member crate's folder): a clean-clone CI run with this target/ rebuilds binaries under its own
 # path, and their fixture paths point there. unpack.sh links every root listed in .device/roots.
-roots() { sed -n 's/^# env-dep:CARGO_MANIFEST_DIR=//p' "$1.d" 2>/dev/null | sed -E 's#/nemotron-[a-z]+$##'; }
+# An example's uplifted .d names no environment but lists its sources by absolute path.
+roots() {
+  { sed -n 's/^# env-dep:CARGO_MANIFEST_DIR=//p' "$1.d"
+    head -n 1 "$1.d" | sed -nE 's#^[^:]*: (/[^ ]*)/examples/[^ /]*\.rs.*#\1#p'; } 2>/dev/null |
+    sed -E 's#/nemotron-[a-z]+$##'
+}
 for t in ops it memory; do
   skip "$t" && continue
   # The root crate's `it` (the loader has its own `it`): the one whose sources are tests/it/.
   f=$(ls -t target/release/deps/${t}-* 2>/dev/null | grep -v '\.d$' |
     while read -r c; do
-      [ "$t" != it ] || grep -q '^tests/it/main.rs:' "$c.d" 2>/dev/null || grep -q ' tests/it/main.rs' "$c.d" 2>/dev/null && echo "$c"
-    done | head -n 1)
+      if [ "$t" != it ] || grep -q ' tests/it/main.rs' "$c.d" 2>/dev/null; then echo "$c"; fi
+    done | head -n 1 || true)
   [ -n "$f" ] || { echo "no test binary for $t" >&2; exit 1; }
   strip -o "$out/deps/$t" "$f"
   roots "$f" >>.device/roots.all

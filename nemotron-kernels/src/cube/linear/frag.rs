@@ -1,6 +1,7 @@
 //! What the tensor-core kernels ([`super::mma`], [`super::tile`]) share: the E2M1 pair decode
 //! that feeds an `mma` fragment, the weight loads of a step, and the row-block and token-tile
-//! arithmetic of their grids. A leaf: it imports no kernel module, so the kernels import it one way.
+//! arithmetic of their grids. A leaf: it imports no kernel module, so the kernels import it one
+//! way.
 
 use burn::tensor::{bf16, f16};
 use cubecl::prelude::*;
@@ -24,7 +25,7 @@ pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf1
 }
 
 /// Loads `grp` 128-input steps of rows `row0`/`row1` from step `it0` (clamped to the last
-/// chunk) with their block-scale words, for [`super::mma::nvfp4_mma_kernel()`].
+/// chunk: [`chunk_load`]) with their block-scale words, for the NVFP4 kernels.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn nvfp4_load<NW: Size>(
@@ -42,11 +43,10 @@ pub(super) fn nvfp4_load<NW: Size>(
     sb: &mut Array<u32>,
     #[comptime] grp: usize,
 ) {
+    chunk_load(packed, row0, row1, chunks, it0, t, wa, wb, grp);
     #[unroll]
     for q in 0..grp {
         let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-        wa[q] = packed[row0 * chunks + cc];
-        wb[q] = packed[row1 * chunks + cc];
         let si0 = row0 * nb + cc * 2;
         let si1 = row1 * nb + cc * 2;
         sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);

@@ -24,10 +24,10 @@
 //! token's 320 bytes on: 64 modulo the banks' 128) — no bank conflicts.
 //!
 //! **FP8** ([`fp8_tile_kernel()`], plain W8A8 linears over rows quantized to E4M3 apart): the
-//! same structure with [`crate::cube::linear::mma::fp8_mma_kernel()`]'s math; a step is 256 inputs (16
-//! vectors of 16 codes per token, vector `v` at `tok · RS + v`: a quarter-warp reads vectors
-//! `4q + t` of two tokens, again 8 distinct bank groups), each lane's two rows × 4 chunks of
-//! weights loaded for the next step while this one's `mma`s run.
+//! same structure with [`crate::cube::linear::mma::fp8_mma_kernel()`]'s math; a step is 256
+//! inputs (16 vectors of 16 codes per token, vector `v` at `tok · RS + v`: a quarter-warp reads
+//! vectors `4q + t` of two tokens, again 8 distinct bank groups), each lane's two rows × 4
+//! chunks of weights loaded for the next step while this one's `mma`s run.
 //!
 //! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
 //! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::frag::blocks`],
