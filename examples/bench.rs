@@ -149,7 +149,9 @@ fn main() {
 /// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
 /// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
 /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube), `threads=N` (the
-/// threads a widened grid aims for), `fuse=on|off` (the conv inside the SSM step and the gated
+/// threads a widened grid aims for), `tw=4|8` (warps per cube of the tiled kernels), `nt=8|16`
+/// (the most token tiles of 8 a tiled cube takes per pass), `rf=1|2` (16-row fragments per warp
+/// of the tiled NVFP4 kernel), `fuse=on|off` (the conv inside the SSM step and the gated
 /// norm inside the FP8 `out_proj`; see `cube::set_fused`).
 fn apply_setting(t: &str) -> Res<()> {
     use nemotron::kernels::cube::attention::decode::{set_form, AttnForm};
@@ -196,6 +198,9 @@ fn apply_setting(t: &str) -> Res<()> {
                 "inq" => inq = num(v)?,
                 "grp" => tune.group = num(v)?,
                 "threads" => tune.threads = num(v)?,
+                "tw" => tune.tile_warps = num(v)?,
+                "nt" => tune.tile_tiles = num(v)?,
+                "rf" => tune.tile_frags = num(v)?,
                 "widen" => {
                     tune.widen = match v {
                         "on" => true,

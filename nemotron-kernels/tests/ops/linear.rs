@@ -347,23 +347,50 @@ pub fn mma_linears_match(arm: &Arm) {
             pipe: true,
             widen: true,
             threads: mma::TARGET_THREADS,
+            ..mma::MmaTuning::default()
         });
         tunings.push(mma::MmaTuning {
             group: 1,
             pipe: true,
             widen: false,
             threads: mma::TARGET_THREADS,
+            ..mma::MmaTuning::default()
         });
     }
-    for t in tunings {
+    // The tiled kernels' other shapes (bf16 only; the tiled path alone): 4 or 8 warps (64 or
+    // 128 weight rows), up to 8 or 16 token tiles, one or two 16-row fragments per warp.
+    let mut tiled = vec![];
+    if arm.dtype == burn::tensor::DType::BF16 {
+        for (tile_warps, tile_tiles, tile_frags) in [
+            (4, 8, 1),
+            (8, 16, 1),
+            (4, 16, 1),
+            (4, 8, 2),
+            (8, 8, 2),
+            (8, 16, 2),
+            (4, 16, 2),
+        ] {
+            tiled.push(mma::MmaTuning {
+                tile_warps,
+                tile_tiles,
+                tile_frags,
+                ..mma::MmaTuning::default()
+            });
+        }
+    }
+    for (t, tiled_only) in tunings
+        .into_iter()
+        .map(|t| (t, false))
+        .chain(tiled.into_iter().map(|t| (t, true)))
+    {
         eprintln!("tensor-core tuning {t:?}");
         mma::set_tuning(t).expect("a valid tuning");
-        mma_linears_case(arm);
+        mma_linears_case(arm, tiled_only);
     }
     mma::set_tuning(mma::MmaTuning::default()).expect("the default tuning");
 }
 
-fn mma_linears_case(arm: &Arm) {
+fn mma_linears_case(arm: &Arm, tiled_only: bool) {
     use nemotron_kernels::cube::linear::mma;
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
@@ -381,6 +408,10 @@ fn mma_linears_case(arm: &Arm) {
         ),
         ("GEMV", usize::MAX, usize::MAX, 0, usize::MAX),
     ];
+    let paths: Vec<_> = paths
+        .into_iter()
+        .filter(|p| !tiled_only || p.0 == "tensor cores tiled")
+        .collect();
     let set = |rows: usize, slots: usize, inq: usize, tile: usize| {
         mma::set_mma_min(rows, slots);
         mma::set_mma(mma::MmaMin {
@@ -409,7 +440,7 @@ fn mma_linears_case(arm: &Arm) {
                 &Nvfp4Weights::upload(&w, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq, tile) in paths {
+            for (path, rows, slots, inq, tile) in paths.iter().copied() {
                 set(rows, slots, inq, tile);
                 let got = host(ops::nvfp4_linear(
                     arm.t(&x, [m, k]),
@@ -425,6 +456,8 @@ fn mma_linears_case(arm: &Arm) {
     for (tokens, n, k, div) in [
         (12, 24, 1856, 3),
         (40, 40, 64, 1),
+        // About 100 slots per expert: 16 token tiles per pass where the tuning allows, ragged.
+        (200, 40, 128, 1),
         (5, 17, 2688, 3),
         (1, 24, 2688, 3),
     ] {
@@ -441,7 +474,7 @@ fn mma_linears_case(arm: &Arm) {
                 &Nvfp4Weights::upload(&nv, &href.dev),
                 epi,
             ));
-            for (path, rows_min, slots_min, inq, tile) in paths {
+            for (path, rows_min, slots_min, inq, tile) in paths.iter().copied() {
                 set(rows_min, slots_min, inq, tile);
                 let got = host(ops::nvfp4_expert_linear(
                     arm.t(&x, [rows, k]),
@@ -476,7 +509,7 @@ fn mma_linears_case(arm: &Arm) {
                 &Fp8Weights::upload(&f8, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq, tile) in paths {
+            for (path, rows, slots, inq, tile) in paths.iter().copied() {
                 set(rows, slots, inq, tile);
                 let got = host(ops::fp8_linear(
                     arm.t(&x, [m, k]),
@@ -519,7 +552,7 @@ fn mma_linears_case(arm: &Arm) {
         let x = rng.vec(m * k, 1.0);
         let w = rng.vec(n * k, 0.05);
         let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));
-        for (path, rows, slots, inq, tile) in paths {
+        for (path, rows, slots, inq, tile) in paths.iter().copied() {
             set(rows, slots, inq, tile);
             let got = host(ops::dense_linear(arm.t(&x, [m, k]), arm.t(&w, [n, k])));
             close(

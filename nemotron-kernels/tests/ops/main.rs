@@ -266,7 +266,7 @@ fn gemv_grids_fold_within_limits() {
 fn mma_row_blocks_cover_rows() {
     use nemotron_kernels::cube::buffers::{yz, MAX_CUBES};
     use nemotron_kernels::cube::linear::mma::blocks;
-    for nt in [1usize, 2, 4, 8] {
+    for nt in [1usize, 2, 4, 8, 16] {
         for rows in [
             1usize,
             7,
@@ -295,6 +295,42 @@ fn mma_row_blocks_cover_rows() {
             assert!((y as usize) <= MAX_CUBES && (z as usize) <= MAX_CUBES);
         }
     }
+}
+
+/// The tiled kernels' shapes: token tiles grow with the rows up to the asked maximum, and a
+/// cube always has a staged vector for each of its threads (`8 · nt · 16 ≥ 32 · warps`; the
+/// kernel's per-thread staging count is that quotient and must not be 0).
+#[test]
+fn tile_shapes_stage_every_thread() {
+    use nemotron_kernels::cube::linear::frag::{tile_warps, tiles_up_to};
+    for max in [8usize, 16] {
+        let mut last = 0;
+        for rows in 0..400usize {
+            let nt = tiles_up_to(rows, max);
+            assert!(
+                [1, 2, 4, 8, 16].contains(&nt) && nt <= max,
+                "{rows} rows, max {max}: {nt}"
+            );
+            assert!(nt >= last, "tiles fall from {last} to {nt} at {rows} rows");
+            assert!(
+                8 * nt >= rows.min(8 * max),
+                "{rows} rows in {nt} tiles (max {max})"
+            );
+            last = nt;
+            for warps in [4usize, 8] {
+                let tw = tile_warps(warps, nt);
+                assert!(tw == 4 || tw == 8, "{warps} warps, {nt} tiles: {tw}");
+                assert!(tw <= warps, "{warps} warps asked, {tw} given");
+                let staged = 8 * nt * 16;
+                assert!(
+                    staged % (32 * tw) == 0 && staged / (32 * tw) >= 1,
+                    "{nt} tiles × 16 vectors over {tw} warps"
+                );
+            }
+        }
+    }
+    assert_eq!(tiles_up_to(1_000, 16), 16);
+    assert_eq!(tile_warps(8, 1), 4);
 }
 
 /// Stamps each `name => body` into a wgpu f32 test and ignored CUDA f32 / bf16 tests.

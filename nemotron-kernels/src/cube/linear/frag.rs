@@ -103,10 +103,24 @@ pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
 
 /// Token tiles of 8 per pass for `per_expert` tokens on average.
 pub(super) fn tiles(per_expert: usize) -> usize {
+    tiles_up_to(per_expert, 8)
+}
+
+/// Token tiles of 8 per pass for `per_expert` tokens on average, at most `max` (8 or 16; pure,
+/// tested on the host).
+pub fn tiles_up_to(per_expert: usize, max: usize) -> usize {
     match per_expert.div_ceil(8) {
         0 | 1 => 1,
         2 => 2,
         3 | 4 => 4,
-        _ => 8,
+        5..=8 => 8,
+        _ => max.min(16),
     }
+}
+
+/// Warps per cube of a tiled launch taking `nt` token tiles per pass with `warps` asked for:
+/// a cube stages `8 · nt` tokens × 16 vectors, one vector per thread at least, so 8 warps need
+/// 2 tiles or more (pure, tested on the host).
+pub fn tile_warps(warps: usize, nt: usize) -> usize {
+    warps.min(4 * nt).max(4)
 }

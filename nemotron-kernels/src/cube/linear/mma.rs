@@ -956,6 +956,13 @@ pub struct MmaTuning {
     pub widen: bool,
     /// The threads a widened grid aims for.
     pub threads: usize,
+    /// Warps per cube of the tiled kernels ([`super::tile`]): 4 or 8 (64 or 128 weight rows).
+    pub tile_warps: usize,
+    /// The most token tiles of 8 a tiled cube takes per pass: 8 or 16 (64 or 128 tokens).
+    pub tile_tiles: usize,
+    /// Fragments of 16 weight rows per warp of the tiled NVFP4 kernel: 1 or 2 (with 2, each
+    /// staged activation word read from shared memory feeds two `mma`s).
+    pub tile_frags: usize,
 }
 
 impl Default for MmaTuning {
@@ -965,6 +972,9 @@ impl Default for MmaTuning {
             pipe: PIPE,
             widen: true,
             threads: TARGET_THREADS,
+            tile_warps: super::tile::TILE_WARPS,
+            tile_tiles: super::tile::TILE_TILES,
+            tile_frags: super::tile::TILE_FRAGS,
         }
     }
 }
@@ -976,9 +986,13 @@ static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
 static TUNE_WIDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
+static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(super::tile::TILE_WARPS);
+static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(super::tile::TILE_TILES);
+static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(super::tile::TILE_FRAGS);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks). A group other than 1, 2, 4 or
-/// 8 is refused by name.
+/// 8, tile warps other than 4 or 8, tile token tiles other than 8 or 16, or row fragments
+/// other than 1 or 2 are refused by name.
 pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     if ![1, 2, 4, 8].contains(&t.group) {
         return Err(format!(
@@ -986,6 +1000,27 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
             t.group
         ));
     }
+    if ![4, 8].contains(&t.tile_warps) {
+        return Err(format!(
+            "tiled kernel warps per cube {}: expected 4 or 8",
+            t.tile_warps
+        ));
+    }
+    if ![8, 16].contains(&t.tile_tiles) {
+        return Err(format!(
+            "tiled kernel token tiles per pass {}: expected 8 or 16",
+            t.tile_tiles
+        ));
+    }
+    if ![1, 2].contains(&t.tile_frags) {
+        return Err(format!(
+            "tiled kernel row fragments per warp {}: expected 1 or 2",
+            t.tile_frags
+        ));
+    }
+    TUNE_TILE_FRAGS.store(t.tile_frags, Ordering::Relaxed);
+    TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
+    TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
     TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
     TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
@@ -1000,6 +1035,9 @@ pub fn tuning() -> MmaTuning {
         pipe: TUNE_PIPE.load(Ordering::Relaxed),
         widen: TUNE_WIDEN.load(Ordering::Relaxed),
         threads: TUNE_THREADS.load(Ordering::Relaxed),
+        tile_warps: TUNE_TILE_WARPS.load(Ordering::Relaxed),
+        tile_tiles: TUNE_TILE_TILES.load(Ordering::Relaxed),
+        tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Tensor-core NVFP4 linears over many rows (prefill): a cube of [`TILE_WARPS`] warps takes
-//! `16 · TILE_WARPS` weight rows × `8 · nt` tokens, the warps side by side over the rows instead
+//! Tensor-core NVFP4 linears over many rows (prefill): a cube of `tw` warps (4 or 8,
+//! [`super::mma::MmaTuning::tile_warps`]) takes `16 · tw` weight rows × `8 · nt` tokens (`nt` up
+//! to 8 or 16, [`super::mma::MmaTuning::tile_tiles`]), the warps side by side over the rows instead
 //! of splitting K ([`super::mma`]'s kernel), and the tokens' activations staged in shared memory
 //! one 128-input step at a time.
 //!
@@ -7,9 +8,11 @@
 //! memory for each `mma`, and the 4 warps of a cube read different K ranges, so an activation
 //! vector fed 16 weight rows and was read again by every other row tile (L1/L2): at 1,024 tokens
 //! the routed experts ran at 66 TFLOP/s (PERF §15). Here a step's activations are read from
-//! global memory once per cube (coalesced, 256 bytes per token), feed 64 weight rows, and the
+//! global memory once per cube (coalesced, 256 bytes per token), feed `16 · tw` weight rows, and the
 //! next step's loads (activations and weights) are in flight while the current step's `mma`s
-//! run. No cross-warp sum: each warp owns its rows' whole K.
+//! run. No cross-warp sum: each warp owns its rows' whole K (with `rf = 2`,
+//! [`super::mma::MmaTuning::tile_frags`], two fragments of 16 rows, each staged word feeding two
+//! `mma`s).
 //!
 //! **Math.** Exactly [`super::mma`]'s (module docs there): lane `(g, t)` decodes the E2M1 pairs
 //! of its own 16-byte weight chunk (chunk `4s + t` of step `s`) and feeds `B` with the
@@ -29,12 +32,12 @@
 //! vectors `4q + t` of two tokens, again 8 distinct bank groups), each lane's two rows × 4
 //! chunks of weights loaded for the next step while this one's `mma`s run.
 //!
-//! Grid: x = tiles of `16 · TILE_WARPS` rows; y = experts (grouped routing: expert `e`'s slots
+//! Grid: x = tiles of `16 · tw` rows; y = experts (grouped routing: expert `e`'s slots
 //! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::frag::blocks`],
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::frag::{block_end, blocks, chunk_load, e2m1_pair, nvfp4_load, tiles, Fp8E4m3};
+use super::frag::{block_end, blocks, chunk_load, e2m1_pair, tile_warps, tiles_up_to, Fp8E4m3};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
@@ -43,15 +46,29 @@ use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
-/// Warps per cube, side by side over the weight rows (64 rows per cube).
-pub const TILE_WARPS: usize = 4;
+/// Warps per cube, side by side over the weight rows, by default
+/// ([`super::mma::MmaTuning::tile_warps`]: 4 or 8). 8 (128 rows per cube, each staged
+/// activation read by twice the rows) measured 2.5–4.5 % faster prefill than 4 on the H200 at
+/// 1 × 1,024, 16 × 128 and 64 × 128 (PERF §19).
+pub const TILE_WARPS: usize = 8;
+
+/// Fragments of 16 weight rows per warp of the NVFP4 kernel, by default
+/// ([`super::mma::MmaTuning::tile_frags`]: 1 or 2). 2 halves the shared-memory reads per `mma`
+/// (the kernel's L1 throughput is 77–88 % busy) but doubles the accumulators: on the H200 it
+/// measured 6–9 % slower prefill (PERF §19; the kernel sits at 128 registers, occupancy-bound).
+pub const TILE_FRAGS: usize = 1;
+
+/// The most token tiles of 8 per pass, by default ([`super::mma::MmaTuning::tile_tiles`]: 8 or
+/// 16).
+pub const TILE_TILES: usize = 8;
 
 /// Shared-memory vectors per staged token (16 used, 4 of padding; module docs).
 pub const ROW_STRIDE: usize = 20;
 
 /// `y[s, n] = epi(gs[e] · Σ_j W_e[n, j] · x[s / div, j])` on the tensor cores, NVFP4 weights,
 /// bf16 activations staged in shared memory (module docs): for every slot of expert `e`
-/// (`routed`, grouped) or every row of `x` (plain).
+/// (`routed`, grouped) or every row of `x` (plain). Each warp takes `rf` fragments of 16 rows
+/// (1 or 2): with 2, each staged `B` word read from shared memory feeds two `mma`s.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
@@ -73,6 +90,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     block: u32,
     #[comptime] nt: usize,
     #[comptime] tw: usize,
+    #[comptime] rf: usize,
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
@@ -96,17 +114,22 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
         block_end(first, block, count)
     };
     let (n_out, k) = (n_out as usize, k as usize);
-    let tile0 = CUBE_POS_X as usize * 16 * tw;
+    let tile0 = CUBE_POS_X as usize * 16 * tw * rf;
     // Uniform over the cube (the syncs need every unit).
     if count == 0 || tile0 >= n_out || first >= end {
         terminate!();
     }
     let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
     let (g, t) = (lane / 4, lane % 4);
-    let tile = tile0 + warp * 16;
+    let tile = tile0 + warp * 16 * rf;
     // A warp whose rows are past the end computes on the last row and writes nothing.
-    let row0 = e * n_out + (tile + g).min(n_out - 1);
-    let row1 = e * n_out + (tile + g + 8).min(n_out - 1);
+    let mut rows0 = Array::<usize>::new(rf);
+    let mut rows1 = Array::<usize>::new(rf);
+    #[unroll]
+    for f in 0..rf {
+        rows0[f] = e * n_out + (tile + 16 * f + g).min(n_out - 1);
+        rows1[f] = e * n_out + (tile + 16 * f + g + 8).min(n_out - 1);
+    }
     let (chunks, nb, vecs) = (k / 32, k / 16, k / 8);
     let iters = chunks.div_ceil(4);
     let gs = globals[e];
@@ -132,9 +155,9 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
             };
             xr[r] = (s / div as usize) * vecs;
         }
-        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
+        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2 * rf);
         #[unroll]
-        for j in 0..nt * 2 {
+        for j in 0..nt * 2 * rf {
             acc[j] = Vector::new(0.0f32);
         }
         // Step 0's loads; each step then issues the next step's before its `mma`s.
@@ -143,13 +166,13 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
         for r in 0..per {
             xv[r] = x[xr[r] + vt.min(vecs - 1)];
         }
-        let mut wa = Array::<Vector<u32, NW>>::new(1usize);
-        let mut wb = Array::<Vector<u32, NW>>::new(1usize);
-        let mut sa = Array::<u32>::new(1usize);
-        let mut sb = Array::<u32>::new(1usize);
-        nvfp4_load(
-            packed, scales, row0, row1, chunks, nb, 0usize, t, &mut wa, &mut wb, &mut sa, &mut sb,
-            1usize,
+        let mut wa = Array::<Vector<u32, NW>>::new(rf);
+        let mut wb = Array::<Vector<u32, NW>>::new(rf);
+        let mut sa = Array::<u32>::new(rf);
+        let mut sb = Array::<u32>::new(rf);
+        nvfp4_load_rows(
+            packed, scales, &rows0, &rows1, chunks, nb, 0usize, t, &mut wa, &mut wb, &mut sa,
+            &mut sb, rf,
         );
         let mut s = 0usize;
         while s < iters {
@@ -158,18 +181,34 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 sx[(r * tstep + tid / 16) * ROW_STRIDE + sp] = pair_words::<NX, NW>(xv[r]);
             }
             sync_cube();
-            let (va, vb, qa, qb) = (wa[0], wb[0], sa[0], sb[0]);
+            let c = s * 4 + t;
+            // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
+            let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
+            // This step's weights and scales (fragment `f`: words `va[f]`, `vb[f]`; scales
+            // `sc[4f..4f + 4]` = rows `g`, `g + 8` × the chunk's two blocks).
+            let mut va = Array::<Vector<u32, NW>>::new(rf);
+            let mut vb = Array::<Vector<u32, NW>>::new(rf);
+            let mut sc = Array::<f32>::new(4 * rf);
+            #[unroll]
+            for f in 0..rf {
+                va[f] = wa[f];
+                vb[f] = wb[f];
+                sc[4 * f] = e4m3(sa[f] & 255u32) * mult;
+                sc[4 * f + 1] = e4m3((sa[f] >> 8u32) & 255u32) * mult;
+                sc[4 * f + 2] = e4m3(sb[f] & 255u32) * mult;
+                sc[4 * f + 3] = e4m3((sb[f] >> 8u32) & 255u32) * mult;
+            }
             // The next step's loads (clamped past the last step: read, never used).
             let v_next = ((s + 1) * 16 + vt).min(vecs - 1);
             #[unroll]
             for r in 0..per {
                 xv[r] = x[xr[r] + v_next];
             }
-            nvfp4_load(
+            nvfp4_load_rows(
                 packed,
                 scales,
-                row0,
-                row1,
+                &rows0,
+                &rows1,
                 chunks,
                 nb,
                 s + 1,
@@ -178,20 +217,17 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 &mut wb,
                 &mut sa,
                 &mut sb,
-                1usize,
+                rf,
             );
-            let c = s * 4 + t;
-            // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
-            let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
-            let s00 = e4m3(qa & 255u32) * mult;
-            let s01 = e4m3((qa >> 8u32) & 255u32) * mult;
-            let s10 = e4m3(qb & 255u32) * mult;
-            let s11 = e4m3((qb >> 8u32) & 255u32) * mult;
             #[unroll]
             for w in 0..4usize {
-                let (ua, ub) = (va.extract(w), vb.extract(w));
-                let (ta, tb) = if w < 2 { (s00, s10) } else { (s01, s11) };
                 // Steps `2w` and `2w + 1` (h = 0, 1): pairs (0, 1) and (2, 3) of the word.
+                let (ua, ub) = (va[0].extract(w), vb[0].extract(w));
+                let (ta, tb) = if w < 2 {
+                    (sc[0], sc[2])
+                } else {
+                    (sc[1], sc[3])
+                };
                 let mut r0 = Array::<Vector<bf16, Const<2>>>::new(4usize);
                 r0[0] = e2m1_pair(ua, ta, 0u32);
                 r0[1] = e2m1_pair(ub, tb, 0u32);
@@ -202,6 +238,25 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 r1[1] = e2m1_pair(ub, tb, 2u32);
                 r1[2] = e2m1_pair(ua, ta, 3u32);
                 r1[3] = e2m1_pair(ub, tb, 3u32);
+                // The second fragment (rows `tile + 16`…), decoded only when `rf == 2`.
+                let mut q0 = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                let mut q1 = Array::<Vector<bf16, Const<2>>>::new(4usize);
+                if comptime!(rf > 1) {
+                    let (ua, ub) = (va[rf - 1].extract(w), vb[rf - 1].extract(w));
+                    let (ta, tb) = if w < 2 {
+                        (sc[4 * rf - 4], sc[4 * rf - 2])
+                    } else {
+                        (sc[4 * rf - 3], sc[4 * rf - 1])
+                    };
+                    q0[0] = e2m1_pair(ua, ta, 0u32);
+                    q0[1] = e2m1_pair(ub, tb, 0u32);
+                    q0[2] = e2m1_pair(ua, ta, 1u32);
+                    q0[3] = e2m1_pair(ub, tb, 1u32);
+                    q1[0] = e2m1_pair(ua, ta, 2u32);
+                    q1[1] = e2m1_pair(ub, tb, 2u32);
+                    q1[2] = e2m1_pair(ua, ta, 3u32);
+                    q1[3] = e2m1_pair(ub, tb, 3u32);
+                }
                 #[unroll]
                 for j in 0..nt {
                     // Token tiles wholly past the pass's end are skipped (uniform over the
@@ -210,18 +265,23 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                         let v = sx[(j * 8 + g) * ROW_STRIDE + w * 4 + t];
                         mma_w(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
                         mma_w(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
+                        if comptime!(rf > 1) {
+                            mma_w(&def, &q0, v.extract(0), v.extract(1), &mut acc, nt + j);
+                            mma_w(&def, &q1, v.extract(2), v.extract(3), &mut acc, nt + j);
+                        }
                     }
                 }
             }
             sync_cube();
             s += 1;
         }
-        if tile < n_out {
+        #[unroll]
+        for f in 0..rf {
             #[unroll]
             for j in 0..nt {
                 #[unroll]
                 for h in 0..2usize {
-                    let n = tile + g + 8 * h;
+                    let n = tile + 16 * f + g + 8 * h;
                     #[unroll]
                     for i in 0..2usize {
                         let tok = pass + j * 8 + 2 * t + i;
@@ -231,7 +291,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                             } else {
                                 tok
                             };
-                            let val = epilogue(acc[2 * j + h].extract(i) * gs, relu2);
+                            let val = epilogue(acc[2 * (f * nt + j) + h].extract(i) * gs, relu2);
                             store3(
                                 y,
                                 y1,
@@ -250,6 +310,37 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
             }
         }
         pass += nt * 8;
+    }
+}
+
+/// Loads step `it` of the weight rows `rows0[f]` / `rows1[f]` (16-byte chunk `4 · it + t`,
+/// clamped to the last) and their block-scale words, for each of `rf` row fragments.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn nvfp4_load_rows<NW: Size>(
+    packed: &[Vector<u32, NW>],
+    scales: &[u32],
+    rows0: &Array<usize>,
+    rows1: &Array<usize>,
+    chunks: usize,
+    nb: usize,
+    it: usize,
+    t: usize,
+    wa: &mut Array<Vector<u32, NW>>,
+    wb: &mut Array<Vector<u32, NW>>,
+    sa: &mut Array<u32>,
+    sb: &mut Array<u32>,
+    #[comptime] rf: usize,
+) {
+    let cc = (it * 4 + t).min(chunks - 1);
+    #[unroll]
+    for f in 0..rf {
+        wa[f] = packed[rows0[f] * chunks + cc];
+        wb[f] = packed[rows1[f] * chunks + cc];
+        let si0 = rows0[f] * nb + cc * 2;
+        let si1 = rows1[f] * nb + cc * 2;
+        sa[f] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
+        sb[f] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
     }
 }
 
@@ -485,6 +576,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
 ) -> Option<CubeTensor<R>> {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
+    let tune = super::mma::tuning();
     let (counts, members, nt, gy, gz, block) = if c.routed {
         let n_experts = w.shape.experts;
         if n_experts > MAX_CUBES {
@@ -496,17 +588,19 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         } else {
             crate::cube::moe::group(ids, n_experts)
         };
-        let nt = tiles(c.slots.div_ceil(n_experts));
+        let nt = tiles_up_to(c.slots.div_ceil(n_experts), tune.tile_tiles);
         (counts, members, nt, n_experts as u32, 1, 0)
     } else {
-        let nt = tiles(c.slots);
+        let nt = tiles_up_to(c.slots, tune.tile_tiles);
         let (block, nblocks) = blocks(c.slots, nt);
         let (gy, gz) = yz(nblocks);
         // Unread stand-ins.
         let stand = empty(&c.x, [1], DType::U32);
         (stand.clone(), stand, nt, gy, gz, block)
     };
-    let gx = c.n.div_ceil(16 * TILE_WARPS) as u32;
+    let tw = tile_warps(tune.tile_warps, nt);
+    let rf = tune.tile_frags;
+    let gx = c.n.div_ceil(16 * tw * rf) as u32;
     // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors (the
     // vector indices are clamped to the row); tokens and rows past the ends are clamped and never
     // written; members are slots `< slots` written by the grouping (so `s / div` is a row of `x`).
@@ -514,7 +608,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         nvfp4_tile_kernel::launch_unchecked::<R>(
             client,
             CubeCount::Static(gx, gy, gz),
-            CubeDim::new_2d(32, TILE_WARPS as u32),
+            CubeDim::new_2d(32, tw as u32),
             8,
             4,
             arg(&c.x),
@@ -534,7 +628,8 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.div as u32,
             block as u32,
             nt,
-            TILE_WARPS,
+            tw,
+            rf,
             c.routed,
             c.relu2,
             c.split.is_some(),
@@ -554,17 +649,19 @@ pub(crate) fn fp8<R: CubeRuntime>(
     ws: &CubeTensor<R>,
 ) {
     let (sa, sb) = c.split_args();
-    let nt = tiles(c.slots);
+    let tune = super::mma::tuning();
+    let nt = tiles_up_to(c.slots, tune.tile_tiles);
     let (block, nblocks) = blocks(c.slots, nt);
     let (gy, gz) = yz(nblocks);
-    let gx = c.n.div_ceil(16 * TILE_WARPS) as u32;
+    let tw = tile_warps(tune.tile_warps, nt);
+    let gx = c.n.div_ceil(16 * tw) as u32;
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors (vector
     // indices clamped to the row); tokens and rows past the ends are clamped and never written.
     unsafe {
         fp8_tile_kernel::launch_unchecked::<R>(
             &c.x.client,
             CubeCount::Static(gx, gy, gz),
-            CubeDim::new_2d(32, TILE_WARPS as u32),
+            CubeDim::new_2d(32, tw as u32),
             4,
             arg(xq),
             arg(weight),
@@ -580,7 +677,7 @@ pub(crate) fn fp8<R: CubeRuntime>(
             c.slots as u32,
             block as u32,
             nt,
-            TILE_WARPS,
+            tw,
             c.relu2,
             c.split.is_some(),
         )
