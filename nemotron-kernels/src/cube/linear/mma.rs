@@ -1028,6 +1028,17 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     Ok(())
 }
 
+impl MmaTuning {
+    /// The tiled kernels' cube shape.
+    pub fn tile_shape(&self) -> super::tile::TileShape {
+        super::tile::TileShape {
+            warps: self.tile_warps,
+            tiles: self.tile_tiles,
+            frags: self.tile_frags,
+        }
+    }
+}
+
 /// The current [`MmaTuning`].
 pub fn tuning() -> MmaTuning {
     MmaTuning {
@@ -1061,7 +1072,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         return None;
     }
     if tile_applies(c, grouped) {
-        return super::tile::nvfp4(c, w, sort_min_slots());
+        return super::tile::nvfp4(c, w, sort_min_slots(), tuning().tile_shape());
     }
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
@@ -1241,7 +1252,7 @@ fn fp8_with<R: CubeRuntime>(
         xq
     };
     if inq == 0 && c.slots >= mma().fp8_tile {
-        super::tile::fp8(c, &xq, &w.weight, &is, &ws);
+        super::tile::fp8(c, &xq, &w.weight, &is, &ws, tuning().tile_shape());
         return true;
     }
     let nt = tiles(c.slots);

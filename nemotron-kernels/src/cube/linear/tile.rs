@@ -58,6 +58,18 @@ pub const TILE_WARPS: usize = 8;
 /// measured 6–9 % slower prefill (PERF §19; the kernel sits at 128 registers, occupancy-bound).
 pub const TILE_FRAGS: usize = 1;
 
+/// A tiled launch's cube shape, from [`super::mma::MmaTuning`] (the caller passes it, so this
+/// module reads no setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileShape {
+    /// Warps per cube (4 or 8).
+    pub warps: usize,
+    /// The most token tiles of 8 per pass (8 or 16).
+    pub tiles: usize,
+    /// 16-row fragments per warp of the NVFP4 kernel (1 or 2).
+    pub frags: usize,
+}
+
 /// The most token tiles of 8 per pass, by default ([`super::mma::MmaTuning::tile_tiles`]: 8 or
 /// 16).
 pub const TILE_TILES: usize = 8;
@@ -573,10 +585,10 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
     sort_min: usize,
+    shape: TileShape,
 ) -> Option<CubeTensor<R>> {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
-    let tune = super::mma::tuning();
     let (counts, members, nt, gy, gz, block) = if c.routed {
         let n_experts = w.shape.experts;
         if n_experts > MAX_CUBES {
@@ -588,18 +600,18 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         } else {
             crate::cube::moe::group(ids, n_experts)
         };
-        let nt = tiles_up_to(c.slots.div_ceil(n_experts), tune.tile_tiles);
+        let nt = tiles_up_to(c.slots.div_ceil(n_experts), shape.tiles);
         (counts, members, nt, n_experts as u32, 1, 0)
     } else {
-        let nt = tiles_up_to(c.slots, tune.tile_tiles);
+        let nt = tiles_up_to(c.slots, shape.tiles);
         let (block, nblocks) = blocks(c.slots, nt);
         let (gy, gz) = yz(nblocks);
         // Unread stand-ins.
         let stand = empty(&c.x, [1], DType::U32);
         (stand.clone(), stand, nt, gy, gz, block)
     };
-    let tw = tile_warps(tune.tile_warps, nt);
-    let rf = tune.tile_frags;
+    let tw = tile_warps(shape.warps, nt);
+    let rf = shape.frags;
     let gx = c.n.div_ceil(16 * tw * rf) as u32;
     // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors (the
     // vector indices are clamped to the row); tokens and rows past the ends are clamped and never
@@ -647,13 +659,13 @@ pub(crate) fn fp8<R: CubeRuntime>(
     weight: &CubeTensor<R>,
     is: &CubeTensor<R>,
     ws: &CubeTensor<R>,
+    shape: TileShape,
 ) {
     let (sa, sb) = c.split_args();
-    let tune = super::mma::tuning();
-    let nt = tiles_up_to(c.slots, tune.tile_tiles);
+    let nt = tiles_up_to(c.slots, shape.tiles);
     let (block, nblocks) = blocks(c.slots, nt);
     let (gy, gz) = yz(nblocks);
-    let tw = tile_warps(tune.tile_warps, nt);
+    let tw = tile_warps(shape.warps, nt);
     let gx = c.n.div_ceil(16 * tw) as u32;
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors (vector
     // indices clamped to the row); tokens and rows past the ends are clamped and never written.
