@@ -5,23 +5,23 @@
 //! over them, their final state written into their slots), then decodes one token for every
 //! running sequence in one batched step over the slots. A sequence leaves on a stop id, its token
 //! budget or the context limit, and its slot goes to the next waiting request. Tokens stream out as
-//! [`Event`]s. Sampling is the generator's (same order of checks, same seeded generator per
-//! sequence), so a request decodes the same tokens alone or in a batch.
+//! [`Event`]s. Sampling and the stop checks are the generator's (one `Sequence` type in
+//! [`crate::request`]: same order of checks, same seeded generator per sequence), so a request
+//! decodes the same tokens alone or in a batch.
 //!
-//! The batch is padded up to the next of `batch_sizes` (pad rows carry slot −1 and are skipped by
-//! every state kernel). With graphs, each padded size's step is captured once — warmed up and
-//! recorded with every row a pad row, so capturing changes no state — and replayed every step
-//! after the token ids and slots are written into its input buffers in place. Backends without
-//! graphs run the same step eagerly.
+//! A step is schedule → run → update, as vLLM's engine core shapes it: the
+//! [`crate::scheduler`] picks what to admit (queue, free slots, running sequences; no device),
+//! the [`crate::runner`] runs the prefill or the decode step on the slots (pools, padded sizes,
+//! captured graphs), and the update here chooses each row's token and settles stops and slots.
 
-use crate::cache::SlotState;
 use crate::error::ModelError;
-use crate::generate::{GenerateOptions, Generation, StopReason};
 use crate::model::NemotronH;
-use crate::sampling::{is_plain_greedy, pick};
-use burn::tensor::{capture, DType, Graph, Int, Tensor, TensorData};
-use nemotron_kernels::ops;
-use std::collections::VecDeque;
+use crate::request::{needed_context, GenerateOptions, Generation, Sequence, StopReason};
+use crate::runner::Runner;
+use crate::scheduler::{Running, Scheduler};
+use burn::tensor::Tensor;
+
+pub use crate::scheduler::RequestId;
 
 /// How the engine is sized and run.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,10 +55,6 @@ impl EngineOptions {
     }
 }
 
-/// A submitted request's handle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
 /// What one step produced for one request: a token, and the stop reason when it was the last
 /// (`token` is `None` only when a request ends without producing one, e.g. `max_new_tokens: 0`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,44 +64,12 @@ pub struct Event {
     pub stop: Option<StopReason>,
 }
 
-struct Waiting {
-    id: RequestId,
-    prompt: Vec<u32>,
-    opts: GenerateOptions,
-}
-
-struct Running {
-    id: RequestId,
-    slot: usize,
-    opts: GenerateOptions,
-    history: Vec<u32>,
-    produced: usize,
-    rng: u64,
-    max_context: Option<usize>,
-}
-
-type StepFn<'m> = Box<dyn FnMut() -> (Tensor<2>, Tensor<1, Int>) + 'm>;
-
-/// A captured decode step for one padded batch size, with its input buffers.
-struct StepGraph<'m> {
-    size: usize,
-    /// `[size]`: 1-D, so always dense (written in place; the step reads it as `[size, 1]`).
-    ids: Tensor<1, Int>,
-    slots: Tensor<1, Int>,
-    graph: Graph<(Tensor<2>, Tensor<1, Int>), StepFn<'m>>,
-}
-
 /// Continuous batching over fixed slots (see the module docs).
 pub struct Engine<'m> {
     model: &'m NemotronH,
-    state: SlotState,
-    free: Vec<usize>,
-    running: Vec<Running>,
-    waiting: VecDeque<Waiting>,
-    next_id: u64,
-    graphs: Vec<StepGraph<'m>>,
+    sched: Scheduler,
+    runner: Runner<'m>,
     opts: EngineOptions,
-    steps: usize,
 }
 
 impl<'m> Engine<'m> {
@@ -118,17 +82,18 @@ impl<'m> Engine<'m> {
         opts.batch_sizes.retain(|&b| b >= 1 && b <= opts.max_batch);
         opts.batch_sizes.sort_unstable();
         opts.batch_sizes.dedup();
-        let state = model.new_slots(opts.max_batch, opts.capacity)?;
+        let runner = Runner::new(
+            model,
+            opts.max_batch,
+            opts.capacity,
+            opts.batch_sizes.clone(),
+            opts.graphs,
+        )?;
         Ok(Engine {
             model,
-            state,
-            free: (0..opts.max_batch).rev().collect(),
-            running: vec![],
-            waiting: VecDeque::new(),
-            next_id: 0,
-            graphs: vec![],
+            sched: Scheduler::new(opts.max_batch),
+            runner,
             opts,
-            steps: 0,
         })
     }
 
@@ -137,18 +102,18 @@ impl<'m> Engine<'m> {
     }
 
     /// The slot pools (sizes, lengths).
-    pub fn slots(&self) -> &SlotState {
-        &self.state
+    pub fn slots(&self) -> &crate::cache::SlotState {
+        self.runner.state()
     }
 
     /// Decode steps run so far.
     pub fn steps(&self) -> usize {
-        self.steps
+        self.runner.steps()
     }
 
     /// Padded batch sizes with a captured graph so far.
     pub fn captured(&self) -> Vec<usize> {
-        self.graphs.iter().map(|g| g.size).collect()
+        self.runner.captured()
     }
 
     /// Queues a request. Refused at once, naming the numbers, if it cannot run: bad sampling
@@ -158,81 +123,46 @@ impl<'m> Engine<'m> {
         prompt: &[u32],
         opts: GenerateOptions,
     ) -> Result<RequestId, ModelError> {
-        opts.sampling.validate()?;
-        if prompt.is_empty() {
-            return Err(ModelError::Input("the prompt is empty".into()));
-        }
-        let cfg = self.model.config();
-        let v = cfg.vocab_size;
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= v) {
-            return Err(ModelError::Input(format!(
-                "prompt token id {bad} is outside the vocabulary ({v})"
-            )));
-        }
-        let max_context = opts.max_context.or(cfg.max_position_embeddings);
-        if let Some(c) = max_context {
-            if prompt.len() > c {
-                return Err(ModelError::ContextTooLong {
-                    prompt: prompt.len(),
-                    context: c,
-                });
-            }
-        }
-        let need = needed_context(prompt.len(), &opts, max_context);
+        let seq = Sequence::new(self.model.config(), prompt, opts)?;
+        let need = seq.needed_context();
         if need > self.opts.capacity {
             return Err(ModelError::Input(format!(
                 "the request needs {need} tokens of context ({} prompt + {} new), a slot holds {}",
                 prompt.len(),
-                opts.max_new_tokens,
+                seq.opts.max_new_tokens,
                 self.opts.capacity
             )));
         }
-        let id = RequestId(self.next_id);
-        self.next_id += 1;
-        self.waiting.push_back(Waiting {
-            id,
-            prompt: prompt.to_vec(),
-            opts,
-        });
-        Ok(id)
+        Ok(self.sched.submit(seq))
     }
 
     /// Requests submitted and not yet admitted to a slot.
     pub fn waiting(&self) -> usize {
-        self.waiting.len()
+        self.sched.waiting()
     }
 
     /// Sequences decoding in slots.
     pub fn running(&self) -> usize {
-        self.running.len()
+        self.sched.running()
     }
 
     /// Drops a request wherever it is: out of the queue, or out of its slot (which the next
     /// admission reuses; a slot's state is overwritten when it is loaded). Returns whether the
     /// request was still live. No event is produced for it.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        if let Some(i) = self.waiting.iter().position(|w| w.id == id) {
-            self.waiting.remove(i);
-            return true;
-        }
-        if let Some(i) = self.running.iter().position(|r| r.id == id) {
-            let r = self.running.remove(i);
-            self.free.push(r.slot);
-            return true;
-        }
-        false
+        self.sched.cancel(id)
     }
 
     /// Whether nothing is waiting or running.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.sched.is_idle()
     }
 
     /// Admits waiting requests into free slots, then decodes one token for every running
     /// sequence. Returns this step's events, in admission order then slot-row order.
     pub fn step(&mut self) -> Result<Vec<Event>, ModelError> {
         let mut events = self.admit()?;
-        if !self.running.is_empty() {
+        if self.sched.running() > 0 {
             events.extend(self.decode()?);
         }
         Ok(events)
@@ -242,10 +172,10 @@ impl<'m> Engine<'m> {
     pub fn run(&mut self, mut on_event: impl FnMut(Event)) -> Result<(), ModelError> {
         while !self.is_idle() {
             let events = self.step()?;
-            if events.is_empty() && self.running.is_empty() {
+            if events.is_empty() && self.sched.running() == 0 {
                 return Err(ModelError::Input(format!(
                     "{} requests wait but no slot frees up (engine bookkeeping broken)",
-                    self.waiting.len()
+                    self.sched.waiting()
                 )));
             }
             for e in events {
@@ -255,248 +185,118 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    /// Prefills as many waiting requests as there are free slots in one ragged forward and
-    /// writes their states into their slots; each samples its first token from the prefill.
+    /// Prefills as many waiting requests as there are free slots in one ragged forward straight
+    /// into their slots (each pool written once for the batch; `submit` refused any request
+    /// whose prompt a slot cannot hold); each takes its first token from the prefill.
     fn admit(&mut self) -> Result<Vec<Event>, ModelError> {
-        let n = self.free.len().min(self.waiting.len());
-        if n == 0 {
+        let (batch, taken) = self.sched.admit();
+        if batch.is_empty() {
             return Ok(vec![]);
         }
-        let batch: Vec<Waiting> = self.waiting.drain(..n).collect();
-        // Straight into their slots, each pool written once for the batch (`submit` refused any
-        // request whose prompt a slot cannot hold).
-        let mut taken = self.free.split_off(self.free.len() - n);
-        taken.reverse(); // the order `pop` hands them out in
-        let logits = {
-            let toks: Vec<&[u32]> = batch.iter().map(|w| w.prompt.as_slice()).collect();
-            self.model.prefill_slots(&mut self.state, &toks, &taken)
-        };
-        let logits = match logits {
+        let prompts: Vec<&[u32]> = batch
+            .iter()
+            .map(|w| &w.seq.history[..w.seq.prompt_len])
+            .collect();
+        let logits = match self.runner.prefill(&prompts, &taken) {
             Ok(logits) => logits,
             Err(e) => {
-                self.free.append(&mut taken);
+                self.sched.release(taken);
                 return Err(e);
             }
         };
-        let v = self.model.config().vocab_size;
-        // As in `decode`: plain greedy requests take the device's argmax (only `n` ids come
-        // back); the logits rows are read back only when some request samples. At 64 × 128 the
-        // host copy and argmax of 64 vocabulary rows was the larger part of the admission's
-        // host time.
-        let greedy: Vec<bool> = batch
-            .iter()
-            .map(|w| is_plain_greedy(&w.opts.sampling))
+        let rows: Vec<Running> = batch
+            .into_iter()
+            .zip(taken)
+            .map(|(w, slot)| Running {
+                id: w.id,
+                slot,
+                seq: w.seq,
+            })
             .collect();
-        let chosen = if greedy.iter().any(|&g| g) {
+        // Plain greedy requests take the device's argmax (only their ids come back); the logits
+        // rows are read back only when some request samples. At 64 × 128 the host copy and
+        // argmax of 64 vocabulary rows was the larger part of the admission's host time.
+        let chosen = if rows.iter().any(|r| r.seq.greedy()) {
             crate::generate::device_argmax(logits.clone())
         } else {
             vec![]
         };
-        let host = if greedy.iter().all(|&g| g) {
-            vec![]
-        } else {
-            crate::generate::host_rows(logits)
-        };
-        let mut events = Vec::with_capacity(n);
-        for (i, (w, slot)) in batch.into_iter().zip(taken).enumerate() {
-            let max_context = w
-                .opts
-                .max_context
-                .or(self.model.config().max_position_embeddings);
-            let mut r = Running {
-                id: w.id,
-                slot,
-                rng: w.opts.sampling.seed,
-                history: w.prompt,
-                produced: 0,
-                max_context,
-                opts: w.opts,
-            };
-            if let Some(stop) = r.before_token() {
-                events.push(Event {
-                    id: r.id,
-                    token: None,
-                    stop: Some(stop),
-                });
-                self.free.push(slot);
-                continue;
-            }
-            let tok = r.choose(|| chosen[i], &host, i, v);
-            let stop = r.take(tok);
-            events.push(Event {
-                id: r.id,
-                token: Some(tok),
-                stop,
-            });
-            if stop.is_some() {
-                self.free.push(slot);
-            } else {
-                self.running.push(r);
-            }
-        }
-        Ok(events)
+        Ok(self.update(rows, logits, &chosen, true))
     }
 
     /// One batched decode step over the running sequences.
     #[allow(
         clippy::expect_used,
-        reason = "a running sequence holds its prompt, and submit refuses empty prompts; convert::<i64>() makes the elements i64, so into_vec::<i64> cannot fail"
+        reason = "a running sequence holds its prompt, and submit refuses empty prompts"
     )]
     fn decode(&mut self) -> Result<Vec<Event>, ModelError> {
-        let b = self.running.len();
-        let size = self
-            .opts
-            .batch_sizes
+        let rows = self.sched.take_running();
+        let ids: Vec<u32> = rows
             .iter()
-            .copied()
-            .find(|&s| s >= b)
-            .unwrap_or(b);
-        let mut ids = vec![0i32; size];
-        let mut slots = vec![-1i32; size];
-        for (i, r) in self.running.iter().enumerate() {
-            ids[i] = *r.history.last().expect("a running sequence has tokens") as i32;
-            slots[i] = r.slot as i32;
-        }
-        let greedy = self
-            .running
-            .iter()
-            .all(|r| is_plain_greedy(&r.opts.sampling));
-        let dev = self.model.device().clone();
-        let (logits, argmax) = if self.opts.graphs && nemotron_kernels::ops::supports_graphs(&dev) {
-            let g = self.graph(size)?;
-            ops::write_i32(&mut g.ids, &ids);
-            ops::write_i32(&mut g.slots, &slots);
-            // Safety: the graph's closure owns clones of every tensor it reads or writes (the
-            // model outlives the engine); refreshes and replays run on this thread's stream.
-            let (l, a) = unsafe { g.graph.replay() };
-            (l.clone(), a.clone())
-        } else {
-            let ids_t =
-                Tensor::<2, Int>::from_data(TensorData::new(ids, [size, 1]), (&dev, DType::I32));
-            let slots_t = Tensor::<1, Int>::from_data(
-                TensorData::new(slots.clone(), [size]),
-                (&dev, DType::I32),
-            );
-            let l = self.model.decode_slots(&mut self.state, &ids_t, &slots_t);
-            let a = nemotron_kernels::ops::argmax_rows(l.clone());
-            (l, a)
+            .map(|r| *r.seq.history.last().expect("a running sequence has tokens"))
+            .collect();
+        let slots: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+        let (logits, chosen) = match self.runner.decode(&ids, &slots) {
+            Ok(out) => out,
+            Err(e) => {
+                for r in rows {
+                    self.sched.keep(r);
+                }
+                return Err(e);
+            }
         };
-        self.state.note_step(&slots);
-        self.steps += 1;
+        Ok(self.update(rows, logits, &chosen, false))
+    }
+
+    /// The update after a run: row `i`'s token for `rows[i]` (the device's argmax `chosen[i]`
+    /// for plain greedy, else drawn from the row's host copy), its stop checks, and its slot
+    /// kept or freed. At admission a request may end before its first token (`max_new_tokens:
+    /// 0`, or a prompt that fills the context).
+    fn update(
+        &mut self,
+        rows: Vec<Running>,
+        logits: Tensor<2>,
+        chosen: &[u32],
+        admitting: bool,
+    ) -> Vec<Event> {
+        let b = rows.len();
         let v = self.model.config().vocab_size;
-        let chosen: Vec<i64> = argmax.into_data().convert::<i64>().into_vec().expect("ids");
-        let host = if greedy {
+        let host = if rows.iter().all(|r| r.seq.greedy()) {
             vec![]
         } else {
             crate::generate::host_rows(logits.slice_dim(0, 0..b))
         };
         let mut events = Vec::with_capacity(b);
-        let mut still = Vec::with_capacity(b);
-        for (i, mut r) in std::mem::take(&mut self.running).into_iter().enumerate() {
-            let tok = r.choose(|| chosen[i] as u32, &host, i, v);
-            let stop = r.take(tok);
+        for (i, mut r) in rows.into_iter().enumerate() {
+            if admitting {
+                if let Some(stop) = r.seq.before_token() {
+                    events.push(Event {
+                        id: r.id,
+                        token: None,
+                        stop: Some(stop),
+                    });
+                    self.sched.release([r.slot]);
+                    continue;
+                }
+            }
+            let tok = if r.seq.greedy() {
+                chosen[i]
+            } else {
+                r.seq.sample(&host[i * v..(i + 1) * v])
+            };
+            let stop = r.seq.take(tok);
             events.push(Event {
                 id: r.id,
                 token: Some(tok),
                 stop,
             });
             if stop.is_some() {
-                self.free.push(r.slot);
+                self.sched.release([r.slot]);
             } else {
-                still.push(r);
+                self.sched.keep(r);
             }
         }
-        self.running = still;
-        Ok(events)
-    }
-
-    /// The captured step for padded size `size`, capturing it on first use.
-    #[allow(clippy::expect_used, reason = "the graph was pushed on the line above")]
-    fn graph(&mut self, size: usize) -> Result<&mut StepGraph<'m>, ModelError> {
-        if let Some(i) = self.graphs.iter().position(|g| g.size == size) {
-            return Ok(&mut self.graphs[i]);
-        }
-        let dev = self.model.device().clone();
-        let ids = Tensor::<1, Int>::from_data(
-            TensorData::new(vec![0i32; size], [size]),
-            (&dev, DType::I32),
-        );
-        // Every row a pad row while warming up and recording: no state changes.
-        let slots = Tensor::<1, Int>::from_data(
-            TensorData::new(vec![-1i32; size], [size]),
-            (&dev, DType::I32),
-        );
-        let (model, state) = (self.model, self.state.clone());
-        let (gi, gs) = (ids.clone(), slots.clone());
-        let step: StepFn<'m> = Box::new(move || {
-            let mut st = state.clone();
-            let l = model.decode_slots(&mut st, &gi.clone().reshape([size, 1]), &gs);
-            let a = nemotron_kernels::ops::argmax_rows(l.clone());
-            (l, a)
-        });
-        let graph = capture(&dev, step);
-        if !graph.is_hardware() {
-            return Err(ModelError::Unsupported {
-                tensor: "decode step".into(),
-                reason: format!("graph capture failed on {dev:?}; run with graphs off"),
-            });
-        }
-        self.graphs.push(StepGraph {
-            size,
-            ids,
-            slots,
-            graph,
-        });
-        Ok(self.graphs.last_mut().expect("just pushed"))
-    }
-}
-
-/// Tokens a request's slot must hold: the prompt and every generated token but the last (which is
-/// never fed back), bounded by the context limit.
-fn needed_context(prompt: usize, opts: &GenerateOptions, max_context: Option<usize>) -> usize {
-    let fed = prompt + opts.max_new_tokens.saturating_sub(1);
-    match max_context {
-        Some(c) => fed.min(c.saturating_sub(1)).max(prompt),
-        None => fed,
-    }
-}
-
-impl Running {
-    /// This request's token from row `i` of a batch: the device's argmax for plain greedy
-    /// sampling, otherwise drawn from the row's host copy (`host`: rows of `v` logits, read back
-    /// only when some request of the batch samples).
-    fn choose(&mut self, argmax: impl FnOnce() -> u32, host: &[f32], i: usize, v: usize) -> u32 {
-        if is_plain_greedy(&self.opts.sampling) {
-            argmax()
-        } else {
-            pick(
-                &host[i * v..(i + 1) * v],
-                &self.opts.sampling,
-                &self.history,
-                &mut self.rng,
-            )
-        }
-    }
-
-    /// The generator's checks before producing a token.
-    fn before_token(&self) -> Option<StopReason> {
-        if self.produced >= self.opts.max_new_tokens {
-            return Some(StopReason::MaxTokens);
-        }
-        if self.max_context.is_some_and(|c| self.history.len() >= c) {
-            return Some(StopReason::ContextFull);
-        }
-        None
-    }
-
-    /// Records a produced token; the stop reason if the sequence ends with it.
-    fn take(&mut self, tok: u32) -> Option<StopReason> {
-        self.history.push(tok);
-        self.produced += 1;
-        if self.opts.stop_ids.contains(&tok) {
-            return Some(StopReason::Stop(tok));
-        }
-        self.before_token()
+        events
     }
 }
 

@@ -1,51 +1,15 @@
-//! Generation of one sequence: stopping (stop ids, token budget, context limit) and a streaming
-//! iterator over the ragged forward. Several prompts at once run on the decode engine
-//! ([`crate::engine`]).
+//! Generation of one sequence: a streaming iterator over the ragged forward, decoding on a
+//! one-slot state after the prefill. The request's checks, sampling state and stopping (stop
+//! ids, token budget, context limit) are [`crate::request`]'s, shared with the decode engine
+//! ([`crate::engine`]), which runs several prompts at once.
 
 use crate::cache::SequenceState;
 use crate::error::ModelError;
 use crate::model::NemotronH;
-use crate::sampling::{is_plain_greedy, pick, Sampling};
+use crate::request::Sequence;
 use burn::tensor::{Int, Tensor, TensorData};
 
-/// What a generation call may do.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerateOptions {
-    pub max_new_tokens: usize,
-    pub sampling: Sampling,
-    /// Stop after emitting any of these (the checkpoint's EOS ids).
-    pub stop_ids: Vec<u32>,
-    /// The context the state is sized for: a prompt longer than this is refused, and generation
-    /// stops when the sequence reaches it. `None` = the config's `max_position_embeddings`
-    /// (unlimited if the config has none).
-    pub max_context: Option<usize>,
-    /// Prefill at most this many prompt tokens per forward call (bounds activation memory and
-    /// lets callers show progress). 0 = the whole prompt at once.
-    pub prefill_chunk: usize,
-}
-
-impl Default for GenerateOptions {
-    fn default() -> Self {
-        GenerateOptions {
-            max_new_tokens: 32,
-            sampling: Sampling::greedy(),
-            stop_ids: vec![],
-            max_context: None,
-            prefill_chunk: 512,
-        }
-    }
-}
-
-/// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    /// A stop id was emitted (it is the last token of the output).
-    Stop(u32),
-    /// `max_new_tokens` were produced.
-    MaxTokens,
-    /// The sequence reached the context limit.
-    ContextFull,
-}
+pub use crate::request::{GenerateOptions, Generation, StopReason};
 
 /// `[B, V]` logits on the host, flattened.
 #[allow(
@@ -95,15 +59,11 @@ pub fn last_row(logits: Tensor<2>) -> Vec<f32> {
 /// ids leave the model each step.
 pub struct Generator<'a> {
     model: &'a NemotronH,
-    opts: GenerateOptions,
+    /// The tokens, sampler and stop checks (shared with the engine).
+    seq: Sequence,
     state: SequenceState,
-    history: Vec<u32>,
-    prompt: Vec<u32>,
     prefilled: usize,
-    produced: usize,
     next_logits: Option<Vec<f32>>,
-    rng: u64,
-    max_context: Option<usize>,
     stop: Option<StopReason>,
     /// Where decode runs after the prefill: a one-slot state of the decode engine (fewer, in-place
     /// kernels per token), or the ragged forward where slots do not apply.
@@ -123,36 +83,12 @@ impl<'a> Generator<'a> {
         prompt: &[u32],
         opts: GenerateOptions,
     ) -> Result<Self, ModelError> {
-        opts.sampling.validate()?;
-        if prompt.is_empty() {
-            return Err(ModelError::Input("the prompt is empty".into()));
-        }
-        let v = model.config().vocab_size;
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= v) {
-            return Err(ModelError::Input(format!(
-                "prompt token id {bad} is outside the vocabulary ({v})"
-            )));
-        }
-        let max_context = opts.max_context.or(model.config().max_position_embeddings);
-        if let Some(c) = max_context {
-            if prompt.len() > c {
-                return Err(ModelError::ContextTooLong {
-                    prompt: prompt.len(),
-                    context: c,
-                });
-            }
-        }
         Ok(Generator {
             model,
-            rng: opts.sampling.seed,
-            opts,
+            seq: Sequence::new(model.config(), prompt, opts)?,
             state: model.new_state(),
-            history: prompt.to_vec(),
-            prompt: prompt.to_vec(),
             prefilled: 0,
-            produced: 0,
             next_logits: None,
-            max_context,
             stop: None,
             decode: Decode::Unset,
         })
@@ -161,15 +97,15 @@ impl<'a> Generator<'a> {
     /// Runs the prompt through the model (in `prefill_chunk` pieces), calling `progress(done,
     /// total)` after each. Called by the first `next()` if not called before.
     pub fn prefill(&mut self, mut progress: impl FnMut(usize, usize)) -> Result<(), ModelError> {
-        let total = self.prompt.len();
-        let chunk = if self.opts.prefill_chunk == 0 {
+        let total = self.seq.prompt_len;
+        let chunk = if self.seq.opts.prefill_chunk == 0 {
             total
         } else {
-            self.opts.prefill_chunk
+            self.seq.opts.prefill_chunk
         };
         while self.prefilled < total {
             let end = (self.prefilled + chunk).min(total);
-            let chunk_ids = &self.prompt[self.prefilled..end];
+            let chunk_ids = &self.seq.history[self.prefilled..end];
             let logits = self
                 .model
                 .forward_last(&[chunk_ids], &mut [&mut self.state])?;
@@ -189,7 +125,7 @@ impl<'a> Generator<'a> {
 
     /// Tokens in the sequence so far (prompt + generated).
     pub fn tokens(&self) -> &[u32] {
-        &self.history
+        &self.seq.history
     }
 
     #[allow(
@@ -200,40 +136,28 @@ impl<'a> Generator<'a> {
         if self.stop.is_some() {
             return Ok(None);
         }
-        if self.prefilled < self.prompt.len() {
+        if self.prefilled < self.seq.prompt_len {
             self.prefill(|_, _| {})?;
         }
-        if self.produced >= self.opts.max_new_tokens {
-            self.stop = Some(StopReason::MaxTokens);
-            return Ok(None);
-        }
-        if self.max_context.is_some_and(|c| self.history.len() >= c) {
-            self.stop = Some(StopReason::ContextFull);
+        if let Some(stop) = self.seq.before_token() {
+            self.stop = Some(stop);
             return Ok(None);
         }
         let tok = match self.next_logits.take() {
-            Some(l) => pick(&l, &self.opts.sampling, &self.history, &mut self.rng),
+            Some(l) => self.seq.sample(&l),
             None => {
-                let last = *self.history.last().expect("non-empty");
+                let last = *self.seq.history.last().expect("non-empty");
                 let logits = self.decode_one(last)?;
-                if is_plain_greedy(&self.opts.sampling) {
+                if self.seq.greedy() {
                     // Only the chosen id leaves the device.
                     device_argmax(logits)[0]
                 } else {
-                    pick(
-                        &host_rows(logits),
-                        &self.opts.sampling,
-                        &self.history,
-                        &mut self.rng,
-                    )
+                    self.seq.sample(&host_rows(logits))
                 }
             }
         };
-        self.history.push(tok);
-        self.produced += 1;
-        if self.opts.stop_ids.contains(&tok) {
-            self.stop = Some(StopReason::Stop(tok));
-        }
+        // The sequence's stop (a stop id, the budget, the context) is known with its last token.
+        self.stop = self.seq.take(tok);
         Ok(Some(tok))
     }
 }
@@ -243,11 +167,12 @@ impl Generator<'_> {
     /// on first use, sized for the prompt plus the budget), else on the ragged forward.
     fn decode_one(&mut self, token: u32) -> Result<Tensor<2>, ModelError> {
         if matches!(self.decode, Decode::Unset) {
-            let fed = self.prompt.len() + self.opts.max_new_tokens;
+            let fed = self.seq.prompt_len + self.seq.opts.max_new_tokens;
             let cap = self
+                .seq
                 .max_context
                 .map_or(fed, |c| c.min(fed))
-                .max(self.history.len());
+                .max(self.seq.history.len());
             self.decode = match self.model.new_slots(1, cap) {
                 Ok(mut st) => {
                     self.model.load_slot(&mut st, 0, &self.state)?;
@@ -284,13 +209,6 @@ impl Iterator for Generator<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         self.step().transpose()
     }
-}
-
-/// The result of one sequence's generation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Generation {
-    pub tokens: Vec<u32>,
-    pub stop: StopReason,
 }
 
 impl NemotronH {

@@ -29,7 +29,10 @@ pub mod mlp;
 pub mod model;
 pub mod moe;
 pub mod norm;
+pub mod request;
+pub mod runner;
 pub mod sampling;
+pub mod scheduler;
 pub mod slots;
 mod util;
 
