@@ -141,109 +141,13 @@ fn main() {
     }
 }
 
-/// Applies one `--mma-min` setting, from the library's defaults: `ROWS,SLOTS` (every plain and
-/// slot-major path from ROWS rows, grouped routing from SLOTS slots), or `key=value` items —
-/// `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped`, `tile` (the tiled NVFP4 kernel: plain rows
-/// and grouped slots), `fp8tile` (the tiled FP8 kernel: plain rows) (rows or slots; `max` for
-/// off), `inq` (FP8
-/// rows quantized in-kernel up to), `attn=gqa|split|unfused` (decode attention form), `grp=N`
-/// (tensor-core load rounds of N steps), `pipe=on|off` (the next round loaded before the work),
-/// `widen=on|off` (small tensor-core grids take up to 16 warps per cube), `threads=N` (the
-/// threads a widened grid aims for), `tw=4|8` (warps per cube of the tiled kernels), `nt=8|16`
-/// (the most token tiles of 8 a tiled cube takes per pass), `rf=1|2` (16-row fragments per warp
-/// of the tiled NVFP4 kernel), `fuse=on|off` (the conv inside the SSM step and the gated
-/// norm inside the FP8 `out_proj`; see `cube::set_fused`).
+/// Applies one `--mma-min` setting, from the library's defaults (the syntax:
+/// [`nemotron::kernels::cube::settings::Settings::parse`]).
 fn apply_setting(t: &str) -> Res<()> {
-    use nemotron::kernels::cube::attention::decode::{set_form, AttnForm};
-    let num = |v: &str| -> Res<usize> {
-        match v.trim() {
-            "max" => Ok(usize::MAX),
-            v => v
-                .parse::<usize>()
-                .map_err(|e| format!("--mma-min {t:?}: {v:?}: {e}").into()),
-        }
-    };
-    let mut m = mma::MmaMin::default();
-    let mut inq = mma::FP8_INQ_MAX_ROWS;
-    let mut form = AttnForm::Gqa;
-    let mut tune = mma::MmaTuning::default();
-    let mut fused = true;
-    let items: Vec<&str> = t.split(',').map(str::trim).collect();
-    if items.iter().all(|i| !i.contains('=')) {
-        let [rows, slots] = items[..] else {
-            return Err(format!("--mma-min takes ROWS,SLOTS or key=value items, got {t:?}").into());
-        };
-        let (rows, slots) = (num(rows)?, num(slots)?);
-        m = mma::MmaMin {
-            nvfp4: rows,
-            fp8: rows,
-            dense: rows,
-            slot_major: rows,
-            grouped: slots,
-            ..mma::MmaMin::default()
-        };
-    } else {
-        for item in items {
-            let Some((k, v)) = item.split_once('=') else {
-                return Err(format!("--mma-min {t:?}: {item:?} is not key=value").into());
-            };
-            match k {
-                "nvfp4" => m.nvfp4 = num(v)?,
-                "fp8" => m.fp8 = num(v)?,
-                "dense" => m.dense = num(v)?,
-                "slotmajor" => m.slot_major = num(v)?,
-                "grouped" => m.grouped = num(v)?,
-                "tile" => m.tile = num(v)?,
-                "fp8tile" => m.fp8_tile = num(v)?,
-                "inq" => inq = num(v)?,
-                "grp" => tune.group = num(v)?,
-                "threads" => tune.threads = num(v)?,
-                "tw" => tune.tile_warps = num(v)?,
-                "nt" => tune.tile_tiles = num(v)?,
-                "rf" => tune.tile_frags = num(v)?,
-                "widen" => {
-                    tune.widen = match v {
-                        "on" => true,
-                        "off" => false,
-                        v => return Err(format!("--mma-min widen={v:?}: on or off").into()),
-                    }
-                }
-                "pipe" => {
-                    tune.pipe = match v {
-                        "on" => true,
-                        "off" => false,
-                        v => return Err(format!("--mma-min pipe={v:?}: on or off").into()),
-                    }
-                }
-                "fuse" => {
-                    fused = match v {
-                        "on" => true,
-                        "off" => false,
-                        v => return Err(format!("--mma-min fuse={v:?}: on or off").into()),
-                    }
-                }
-                "attn" => {
-                    form = match v {
-                        "gqa" => AttnForm::Gqa,
-                        "split" => AttnForm::Split,
-                        "unfused" => AttnForm::Unfused,
-                        v => {
-                            return Err(
-                                format!("--mma-min attn={v:?}: gqa, split or unfused").into()
-                            )
-                        }
-                    }
-                }
-                k => return Err(format!("--mma-min {t:?}: unknown key {k:?}").into()),
-            }
-        }
-    }
-    mma::set_mma(m);
-    mma::set_fp8_inq_max(inq);
-    set_form(form);
-    nemotron::kernels::cube::set_fused(fused);
-    mma::set_tuning(tune)?;
-    Ok(())
+    use nemotron::kernels::cube::settings::Settings;
+    Settings::parse(t)
+        .and_then(|s| s.apply())
+        .map_err(|e| format!("--mma-min {e}").into())
 }
 
 fn sync(dev: &Device) {

@@ -28,6 +28,7 @@ pub mod moe;
 pub mod norm;
 pub mod reduce;
 pub mod route;
+pub mod settings;
 pub mod slots;
 pub mod tuning;
 

@@ -333,6 +333,72 @@ fn tile_shapes_stage_every_thread() {
     assert_eq!(tile_warps(8, 1), 4);
 }
 
+/// The kernel settings' text form (`bench --mma-min`): each key lands in its own field, the
+/// `ROWS,SLOTS` form sets the thresholds it names and leaves the rest at the defaults, and bad
+/// items are refused naming the item.
+#[test]
+fn settings_parse_each_key_into_its_field() {
+    use nemotron_kernels::cube::attention::decode::AttnForm;
+    use nemotron_kernels::cube::settings::Settings;
+    let d = Settings::default();
+    assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
+    let s = Settings::parse(
+        "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,inq=2,grp=4,\
+         threads=99,tw=4,nt=16,rf=2,scanpair=17,widen=off,pipe=on,fuse=off,attn=split",
+    )
+    .unwrap();
+    let m = s.min;
+    assert_eq!(
+        (
+            m.nvfp4,
+            m.fp8,
+            m.dense,
+            m.slot_major,
+            m.grouped,
+            m.tile,
+            m.fp8_tile
+        ),
+        (3, 5, 7, 9, 11, 13, usize::MAX)
+    );
+    let t = s.tune;
+    assert_eq!(
+        (t.group, t.threads, t.tile_warps, t.tile_tiles, t.tile_frags),
+        (4, 99, 4, 16, 2)
+    );
+    assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
+    assert_eq!(
+        (s.fp8_inq_max, s.scan_pair_min, s.attn),
+        (2, 17, AttnForm::Split)
+    );
+    let r = Settings::parse("6, max").unwrap();
+    assert_eq!(
+        (
+            r.min.nvfp4,
+            r.min.fp8,
+            r.min.dense,
+            r.min.slot_major,
+            r.min.grouped
+        ),
+        (6, 6, 6, 6, usize::MAX)
+    );
+    assert_eq!((r.min.tile, r.tune, r.attn), (d.min.tile, d.tune, d.attn));
+    for (bad, names) in [
+        ("tile=x", "\"x\""),
+        ("tw=5", "tw=5"),
+        ("nt=12", "nt=12"),
+        ("rf=3", "rf=3"),
+        ("grp=3", "grp=3"),
+        ("attn=flash", "attn"),
+        ("pipe=maybe", "pipe"),
+        ("colour=red", "colour"),
+        ("tile", "tile"),
+        ("1,2,3", "ROWS,SLOTS"),
+    ] {
+        let err = Settings::parse(bad).expect_err(bad);
+        assert!(err.contains(names), "{bad:?} refused as {err:?}");
+    }
+}
+
 /// Stamps each `name => body` into a wgpu f32 test and ignored CUDA f32 / bf16 tests.
 macro_rules! arms {
     ($($name:ident => $body:path),* $(,)?) => {
@@ -404,6 +470,7 @@ arms! {
     causal_conv1d_long => mamba::conv_long_matches,
     selective_scan => mamba::scan_matches,
     selective_scan_tiles => mamba::scan_tiles_match,
+    selective_scan_pairs => mamba::scan_pairs_match,
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
     dense_linear_rows_invariant => matmul::dense_linear_rows_invariant,

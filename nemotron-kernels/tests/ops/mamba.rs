@@ -82,13 +82,49 @@ pub fn scan_matches(arm: &Arm) {
 /// block of rows), `N = 128` (the Lightning state: 16 entries per lane, tiles of 16 steps)
 /// and `N = 256` (tiles of 8).
 pub fn scan_tiles_match(arm: &Arm) {
-    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath};
-    assert_eq!(plan(128), ScanPath::Rows { per: 16, tile: 16 });
-    assert_eq!(plan(256), ScanPath::Rows { per: 32, tile: 8 });
-    assert_eq!(plan(12), ScanPath::Sequential);
+    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath, PAIR_MIN_ROWS};
+    let m = PAIR_MIN_ROWS;
+    assert_eq!(
+        plan(128, 4_096, m),
+        ScanPath::Rows {
+            per: 16,
+            tile: 16,
+            pair: 1
+        }
+    );
+    assert_eq!(
+        plan(128, 64 * 64 * 64, m),
+        ScanPath::Rows {
+            per: 16,
+            tile: 16,
+            pair: 2
+        }
+    );
+    assert_eq!(
+        plan(256, 1, m),
+        ScanPath::Rows {
+            per: 32,
+            tile: 8,
+            pair: 1
+        }
+    );
+    assert_eq!(plan(12, usize::MAX, m), ScanPath::Sequential);
     let lens = [vec![75, 0, 33, 1]];
     scan_case(arm, 5, (75, 3, 20, 1, 128), &lens);
     scan_case(arm, 6, (40, 2, 16, 2, 256), &[vec![40, 17]]);
+}
+
+/// The register-row scan with two state rows per lane (forced at these small sizes): `P = 20`
+/// (one cube of 32 rows, its second rows partly past `P`), `P = 40` (a full cube and a partial
+/// one), ragged lengths over several tiles, `N = 128` and `N = 16`.
+pub fn scan_pairs_match(arm: &Arm) {
+    use nemotron_kernels::cube::mamba::scan::{pair_min, set_pair_min};
+    let saved = pair_min();
+    set_pair_min(1);
+    scan_case(arm, 7, (75, 3, 20, 1, 128), &[vec![75, 0, 33, 1]]);
+    scan_case(arm, 8, (21, 2, 40, 2, 128), &[vec![21, 16]]);
+    scan_case(arm, 9, (11, 4, 8, 2, 16), &[vec![11, 4]]);
+    set_pair_min(saved);
 }
 
 fn scan_case(

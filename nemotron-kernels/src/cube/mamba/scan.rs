@@ -10,6 +10,8 @@
 //!   `S·C` summed by warp shuffles (CUDA) or through shared memory (wgpu). Only the recurrence
 //!   itself is sequential, and it is a register FMA per entry and step: ≈ 50 instructions per
 //!   lane and step against the old kernel's state row read and written in global memory per step.
+//!   Over many rows ([`PAIR_MIN_ROWS`]) each lane takes two state rows `ROWS` apart (a cube
+//!   `2 · ROWS` rows), so every `B`/`C` value read from shared memory updates both.
 //!   Grid: one cube per `(b, h, p-block)` on x, folded onto y past the device's x limit.
 //! - [`selective_scan_kernel()`] (the fallback, where `N` is not a multiple of [`LANES`]): one unit
 //!   per `(b, h, p)` walking time over its state row in global memory.
@@ -40,20 +42,48 @@ pub const TILE: usize = 32;
 /// Which scan kernel runs, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScanPath {
-    /// [`scan_rows_kernel()`] with `per = N / LANES` entries per lane and `tile` steps per tile.
-    Rows { per: usize, tile: usize },
+    /// [`scan_rows_kernel()`] with `per = N / LANES` entries per lane, `tile` steps per tile and
+    /// `pair` state rows per lane (1 or 2: with 2, each `B`/`C` value read from shared memory
+    /// updates two rows, halving the shared reads per FLOP, and a cube takes `2 · ROWS` rows).
+    Rows {
+        per: usize,
+        tile: usize,
+        pair: usize,
+    },
     /// [`selective_scan_kernel()`]: `N` is not a multiple of [`LANES`] (or is 0).
     Sequential,
 }
 
-/// The path for a state of `n` entries per row (pure; tested on the host).
-pub fn plan(n: usize) -> ScanPath {
+/// State rows (`B · H · P`) from which a lane takes two rows, by default: 32,768 rows are
+/// 2,048 cubes of [`ROWS`], so paired cubes still fill the device (a 1K prompt of the Lightning
+/// geometry, 4,096 rows, keeps one row per lane and 256 cubes). The scan is bound by its
+/// shared-memory reads (ncu at 64 × 128: L1 89 % busy, PERF §19).
+pub const PAIR_MIN_ROWS: usize = 32_768;
+
+static PAIR_MIN: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(PAIR_MIN_ROWS);
+
+/// Sets the state rows from which lanes take two rows (process-wide; for tests and benchmarks;
+/// `usize::MAX`: never).
+pub fn set_pair_min(rows: usize) {
+    PAIR_MIN.store(rows, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The current [`set_pair_min`] setting.
+pub fn pair_min() -> usize {
+    PAIR_MIN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The path for a state of `n` entries per row over `rows` state rows, pairing rows from
+/// `pair_min` (pure; tested on the host).
+pub fn plan(n: usize, rows: usize, pair_min: usize) -> ScanPath {
     if n == 0 || n % LANES != 0 {
         return ScanPath::Sequential;
     }
     ScanPath::Rows {
         per: n / LANES,
         tile: tile(n),
+        pair: if rows >= pair_min { 2 } else { 1 },
     }
 }
 
@@ -85,17 +115,20 @@ pub fn scan_rows_kernel<F: Float>(
     groups: u32,
     #[comptime] per: usize,
     #[comptime] tile: usize,
+    #[comptime] pair: usize,
     #[comptime] ragged: bool,
     #[comptime] plane: bool,
 ) {
     let n = comptime!(per * LANES);
+    // Rows per cube: `ROWS` unit rows, each lane taking `pair` state rows `ROWS` apart.
+    let crows = comptime!(ROWS * pair);
     let (t_max, h, p, g) = (
         t_max as usize,
         heads as usize,
         head_dim as usize,
         groups as usize,
     );
-    let blocks = p.div_ceil(ROWS);
+    let blocks = p.div_ceil(crows);
     let cube = (CUBE_POS_X + CUBE_POS_Y * CUBE_COUNT_X) as usize;
     // Cubes past the end (the folded grid's last row) leave; uniform over the cube.
     if cube >= batch as usize * h * blocks {
@@ -107,28 +140,32 @@ pub fn scan_rows_kernel<F: Float>(
     let lane = UNIT_POS_X as usize;
     let row = UNIT_POS_Y as usize;
     let u = row * LANES + lane;
-    let pp = pb * ROWS + row;
-    let valid = pp < p;
-    // Rows past `P` compute on the last row and are never written.
-    let pr = pp.min(p - 1);
     let gg = hh / (h / g);
     let mut len = t_max;
     if ragged {
         len = lens[b] as usize;
     }
-    let srow = ((b * h + hh) * p + pr) * n;
-    let mut s = Array::<f32>::new(per);
+    // This unit's state rows `pp[k] = pb · crows + row + k · ROWS`; rows past `P` compute on the
+    // last row and are never written.
+    let mut srow = Array::<usize>::new(pair);
+    let mut s = Array::<f32>::new(comptime!(per * pair));
     #[unroll]
-    for i in 0..per {
-        s[i] = state[srow + lane + i * LANES];
+    for k in 0..pair {
+        let pr = (pb * crows + row + k * ROWS).min(p - 1);
+        srow[k] = ((b * h + hh) * p + pr) * n;
+        #[unroll]
+        for i in 0..per {
+            s[k * per + i] = state[srow[k] + lane + i * LANES];
+        }
     }
     let (av, dv) = (a[hh], d[hh]);
     let mut bs = Shared::<[f32]>::new_slice(comptime!(tile * n));
     let mut cs = Shared::<[f32]>::new_slice(comptime!(tile * n));
-    let mut xs = Shared::<[f32]>::new_slice(comptime!(tile * ROWS));
+    let mut xs = Shared::<[f32]>::new_slice(comptime!(tile * ROWS * pair));
     let mut ds = Shared::<[f32]>::new_slice(tile);
     let mut es = Shared::<[f32]>::new_slice(tile);
-    let mut part = Shared::<[f32]>::new_slice(comptime!(if plane { 1 } else { ROWS * LANES }));
+    let mut part =
+        Shared::<[f32]>::new_slice(comptime!(if plane { 1 } else { ROWS * LANES * pair }));
     let units = comptime!(ROWS * LANES);
     let mut t0 = 0usize;
     while t0 < len {
@@ -148,45 +185,70 @@ pub fn scan_rows_kernel<F: Float>(
             es[u] = (dtv * av).exp();
         }
         j = u;
-        while j < steps * ROWS {
-            let tl = j / ROWS;
-            let r = (pb * ROWS + j % ROWS).min(p - 1);
+        while j < steps * crows {
+            let tl = j / crows;
+            let r = (pb * crows + j % crows).min(p - 1);
             xs[j] = f32::cast_from(x[((b * t_max + t0 + tl) * h + hh) * p + r]);
             j += units;
         }
         sync_cube();
         for tl in 0..steps {
-            let xv = xs[tl * ROWS + row];
-            let dx = ds[tl] * xv;
             let decay = es[tl];
-            let mut acc = 0.0f32;
+            let mut xv = Array::<f32>::new(pair);
+            let mut dx = Array::<f32>::new(pair);
+            let mut acc = Array::<f32>::new(pair);
+            #[unroll]
+            for k in 0..pair {
+                xv[k] = xs[tl * crows + row + k * ROWS];
+                dx[k] = ds[tl] * xv[k];
+                acc[k] = 0.0f32;
+            }
             #[unroll]
             for i in 0..per {
                 let at = tl * n + lane + i * LANES;
-                let v = decay * s[i] + dx * bs[at];
-                s[i] = v;
-                acc += v * cs[at];
-            }
-            let out = ((b * t_max + t0 + tl) * h + hh) * p + pp;
-            if plane {
-                // Masks 4, 2, 1: the row's 8 lanes ([`LANES`]) are consecutive in the warp.
+                let (bv, cv) = (bs[at], cs[at]);
                 #[unroll]
-                for sh in 0..3u32 {
-                    acc += plane_shuffle_xor(acc, 4u32 >> sh);
+                for k in 0..pair {
+                    let v = decay * s[k * per + i] + dx[k] * bv;
+                    s[k * per + i] = v;
+                    acc[k] += v * cv;
                 }
-                if lane == 0 && valid {
-                    y[out] = F::cast_from(acc + dv * xv);
+            }
+            if plane {
+                #[unroll]
+                for k in 0..pair {
+                    let mut sum = acc[k];
+                    // Masks 4, 2, 1: the row's 8 lanes ([`LANES`]) are consecutive in the warp.
+                    #[unroll]
+                    for sh in 0..3u32 {
+                        sum += plane_shuffle_xor(sum, 4u32 >> sh);
+                    }
+                    let pp = pb * crows + row + k * ROWS;
+                    if lane == 0 && pp < p {
+                        let out = ((b * t_max + t0 + tl) * h + hh) * p + pp;
+                        y[out] = F::cast_from(sum + dv * xv[k]);
+                    }
                 }
             } else {
-                part[u] = acc;
+                #[unroll]
+                for k in 0..pair {
+                    part[k * units + u] = acc[k];
+                }
                 sync_cube();
-                if lane == 0 && valid {
-                    let mut sum = 0.0f32;
+                if lane == 0 {
                     #[unroll]
-                    for l in 0..LANES {
-                        sum += part[row * LANES + l];
+                    for k in 0..pair {
+                        let pp = pb * crows + row + k * ROWS;
+                        if pp < p {
+                            let mut sum = 0.0f32;
+                            #[unroll]
+                            for l in 0..LANES {
+                                sum += part[k * units + row * LANES + l];
+                            }
+                            let out = ((b * t_max + t0 + tl) * h + hh) * p + pp;
+                            y[out] = F::cast_from(sum + dv * xv[k]);
+                        }
                     }
-                    y[out] = F::cast_from(sum + dv * xv);
                 }
                 sync_cube();
             }
@@ -194,10 +256,13 @@ pub fn scan_rows_kernel<F: Float>(
         sync_cube();
         t0 += tile;
     }
-    if valid {
-        #[unroll]
-        for i in 0..per {
-            new_state[srow + lane + i * LANES] = s[i];
+    #[unroll]
+    for k in 0..pair {
+        if pb * crows + row + k * ROWS < p {
+            #[unroll]
+            for i in 0..per {
+                new_state[srow[k] + lane + i * LANES] = s[k * per + i];
+            }
         }
     }
 }
@@ -287,7 +352,7 @@ pub fn launch<R: CubeRuntime>(
     let (bs, t, h, p) = (xs[0], xs[1], xs[2], xs[3]);
     let bsh = b.meta.shape().clone();
     let (g, n) = (bsh[2], bsh[3]);
-    let ScanPath::Rows { per, tile } = plan(n) else {
+    let ScanPath::Rows { per, tile, pair } = plan(n, bs * h * p, pair_min()) else {
         return launch_sequential(x, dt, a, b, c, d, state, lens);
     };
     // x, B, C and y in the activation type where it is a kernel float type, else f32.
@@ -306,7 +371,7 @@ pub fn launch<R: CubeRuntime>(
     let client = x.client.clone();
     let lens = lens_buf(&client, lens);
     let plane = plane_reduce(&client, 32);
-    let count = fold(bs * h * p.div_ceil(ROWS));
+    let count = fold(bs * h * p.div_ceil(ROWS * pair));
     let dim = CubeDim::new_2d(LANES as u32, ROWS as u32);
     macro_rules! go {
         ($t:ty) => {
@@ -334,6 +399,7 @@ pub fn launch<R: CubeRuntime>(
                 g as u32,
                 per,
                 tile,
+                pair,
                 lens.is_some(),
                 plane,
             )

@@ -1,0 +1,169 @@
+//! Every kernel setting a benchmark or a test may change, as one value: parsed from the text a
+//! user writes (`bench --mma-min`), applied process-wide, and read back. The settings themselves
+//! stay beside their kernels (`linear::mma::set_mma`, `attention::decode::set_form`, …); this
+//! module only gathers them, and nothing in the crate imports it. (The environment switches are
+//! [`super::tuning`]'s.)
+
+use super::attention::decode::{self, AttnForm};
+use super::linear::mma::{self, MmaMin, MmaTuning};
+use super::mamba::scan;
+
+/// The kernel settings (see [`Settings::parse`] for the text form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Where each tensor-core path starts.
+    pub min: MmaMin,
+    /// FP8 rows quantized inside the tensor-core kernel, up to.
+    pub fp8_inq_max: usize,
+    /// The decode attention form.
+    pub attn: AttnForm,
+    /// How the tensor-core kernels stream their weights and shape their cubes.
+    pub tune: MmaTuning,
+    /// The conv inside the SSM step and the gated norm inside the FP8 `out_proj` (decode).
+    pub fused: bool,
+    /// State rows from which the scan's lanes take two rows.
+    pub scan_pair_min: usize,
+}
+
+impl Default for Settings {
+    /// The library's defaults.
+    fn default() -> Self {
+        Settings {
+            min: MmaMin::default(),
+            fp8_inq_max: mma::FP8_INQ_MAX_ROWS,
+            attn: AttnForm::Gqa,
+            tune: MmaTuning::default(),
+            fused: true,
+            scan_pair_min: scan::PAIR_MIN_ROWS,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings in force now.
+    pub fn current() -> Self {
+        Settings {
+            min: mma::mma(),
+            fp8_inq_max: mma::fp8_inq_max(),
+            attn: decode::form(),
+            tune: mma::tuning(),
+            fused: super::fused(),
+            scan_pair_min: scan::pair_min(),
+        }
+    }
+
+    /// Applies every setting (process-wide). A tuning the kernels cannot take is refused by
+    /// name before anything is set.
+    pub fn apply(&self) -> Result<(), String> {
+        self.validate()?;
+        mma::set_tuning(self.tune)?;
+        mma::set_mma(self.min);
+        mma::set_fp8_inq_max(self.fp8_inq_max);
+        decode::set_form(self.attn);
+        super::set_fused(self.fused);
+        scan::set_pair_min(self.scan_pair_min);
+        Ok(())
+    }
+
+    /// The tuning's allowed values ([`mma::set_tuning`]'s), checked without setting anything.
+    fn validate(&self) -> Result<(), String> {
+        let t = &self.tune;
+        let allowed: [(&str, usize, &[usize]); 4] = [
+            ("grp", t.group, &[1, 2, 4, 8]),
+            ("tw", t.tile_warps, &[4, 8]),
+            ("nt", t.tile_tiles, &[8, 16]),
+            ("rf", t.tile_frags, &[1, 2]),
+        ];
+        for (key, v, ok) in allowed {
+            if !ok.contains(&v) {
+                return Err(format!("{key}={v}: expected one of {ok:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The library's defaults changed by `text`: either `ROWS,SLOTS` (every plain and
+    /// slot-major tensor-core path from ROWS rows, grouped routing from SLOTS slots) or
+    /// comma-separated `key=value` items — `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped`,
+    /// `tile` (the tiled NVFP4 kernel: plain rows and grouped slots), `fp8tile` (the tiled FP8
+    /// kernel: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
+    /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
+    /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
+    /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
+    /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
+    /// `nt=8|16` (the most token tiles of 8 a tiled cube takes per pass); `rf=1|2` (16-row
+    /// fragments per warp of the tiled NVFP4 kernel); `scanpair=N` (the scan's lanes take two
+    /// state rows from N state rows); `fuse=on|off` (the decode fusions). Unknown keys, bad
+    /// numbers and values outside a knob's range are refused, naming the item.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let num = |v: &str| -> Result<usize, String> {
+            match v.trim() {
+                "max" => Ok(usize::MAX),
+                v => v
+                    .parse::<usize>()
+                    .map_err(|e| format!("{text:?}: {v:?}: {e}")),
+            }
+        };
+        let on_off = |k: &str, v: &str| -> Result<bool, String> {
+            match v {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                v => Err(format!("{k}={v:?}: on or off")),
+            }
+        };
+        let mut s = Settings::default();
+        let items: Vec<&str> = text.split(',').map(str::trim).collect();
+        if items.iter().all(|i| !i.contains('=')) {
+            let [rows, slots] = items[..] else {
+                return Err(format!(
+                    "expected ROWS,SLOTS or key=value items, got {text:?}"
+                ));
+            };
+            let (rows, slots) = (num(rows)?, num(slots)?);
+            s.min = MmaMin {
+                nvfp4: rows,
+                fp8: rows,
+                dense: rows,
+                slot_major: rows,
+                grouped: slots,
+                ..MmaMin::default()
+            };
+            return Ok(s);
+        }
+        for item in items {
+            let Some((k, v)) = item.split_once('=') else {
+                return Err(format!("{text:?}: {item:?} is not key=value"));
+            };
+            match k {
+                "nvfp4" => s.min.nvfp4 = num(v)?,
+                "fp8" => s.min.fp8 = num(v)?,
+                "dense" => s.min.dense = num(v)?,
+                "slotmajor" => s.min.slot_major = num(v)?,
+                "grouped" => s.min.grouped = num(v)?,
+                "tile" => s.min.tile = num(v)?,
+                "fp8tile" => s.min.fp8_tile = num(v)?,
+                "inq" => s.fp8_inq_max = num(v)?,
+                "grp" => s.tune.group = num(v)?,
+                "threads" => s.tune.threads = num(v)?,
+                "tw" => s.tune.tile_warps = num(v)?,
+                "nt" => s.tune.tile_tiles = num(v)?,
+                "rf" => s.tune.tile_frags = num(v)?,
+                "scanpair" => s.scan_pair_min = num(v)?,
+                "widen" => s.tune.widen = on_off(k, v)?,
+                "pipe" => s.tune.pipe = on_off(k, v)?,
+                "fuse" => s.fused = on_off(k, v)?,
+                "attn" => {
+                    s.attn = match v {
+                        "gqa" => AttnForm::Gqa,
+                        "split" => AttnForm::Split,
+                        "unfused" => AttnForm::Unfused,
+                        v => return Err(format!("attn={v:?}: gqa, split or unfused")),
+                    }
+                }
+                k => return Err(format!("{text:?}: unknown key {k:?}")),
+            }
+        }
+        s.validate().map_err(|e| format!("{text:?}: {e}"))?;
+        Ok(s)
+    }
+}
