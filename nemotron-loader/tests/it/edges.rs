@@ -456,3 +456,29 @@ fn a_recipe_from_both_files_names_both() {
         "config.json quantization_config + hf_quant_config.json"
     );
 }
+
+/// Shard 4/6, `num_layers -> 0`: the layer count is the pattern's length (the tiny geometry's
+/// pattern, read from the file written, not restated).
+#[test]
+fn num_layers_is_the_patterns_length() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    let raw: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.path().join("config.json")).unwrap())
+            .unwrap();
+    let pattern = raw["hybrid_override_pattern"].as_str().unwrap().to_string();
+    let (cfg, _) = read_config(d.path()).unwrap();
+    assert!(!pattern.is_empty());
+    assert_eq!(cfg.num_layers(), pattern.chars().count());
+}
+
+/// Shard 4/6, the guard `a.len() == 2 → true` in `check_dt_limit`: a one-element
+/// `time_step_limit` is refused by name, not read past its end (a panic under the mutant).
+#[test]
+fn a_one_element_dt_limit_is_refused() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["time_step_limit"] = serde_json::json!([0.0])
+    });
+    let e = config_error(d.path());
+    assert!(e.contains("time_step_limit"), "{e}");
+}
