@@ -82,8 +82,17 @@ pub fn scan_matches(arm: &Arm) {
 /// block of rows), `N = 128` (the Lightning state: 16 entries per lane, tiles of 16 steps)
 /// and `N = 256` (tiles of 8).
 pub fn scan_tiles_match(arm: &Arm) {
-    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath, PAIR_MIN_ROWS};
-    let m = PAIR_MIN_ROWS;
+    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath, PAIR_CANDIDATE_ROWS, PAIR_MIN_ROWS};
+    let m = PAIR_CANDIDATE_ROWS;
+    // Off by default (until measured on the H200).
+    assert_eq!(
+        plan(128, usize::MAX - 1, PAIR_MIN_ROWS),
+        ScanPath::Rows {
+            per: 16,
+            tile: 16,
+            pair: 1
+        }
+    );
     assert_eq!(
         plan(128, 4_096, m),
         ScanPath::Rows {

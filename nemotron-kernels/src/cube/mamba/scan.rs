@@ -10,8 +10,9 @@
 //!   `S·C` summed by warp shuffles (CUDA) or through shared memory (wgpu). Only the recurrence
 //!   itself is sequential, and it is a register FMA per entry and step: ≈ 50 instructions per
 //!   lane and step against the old kernel's state row read and written in global memory per step.
-//!   Over many rows ([`PAIR_MIN_ROWS`]) each lane takes two state rows `ROWS` apart (a cube
-//!   `2 · ROWS` rows), so every `B`/`C` value read from shared memory updates both.
+//!   Over many rows ([`set_pair_min`]; off by default until measured) each lane takes two state
+//!   rows `ROWS` apart (a cube `2 · ROWS` rows), so every `B`/`C` value read from shared memory
+//!   updates both.
 //!   Grid: one cube per `(b, h, p-block)` on x, folded onto y past the device's x limit.
 //! - [`selective_scan_kernel()`] (the fallback, where `N` is not a multiple of [`LANES`]): one unit
 //!   per `(b, h, p)` walking time over its state row in global memory.
@@ -54,11 +55,16 @@ pub enum ScanPath {
     Sequential,
 }
 
-/// State rows (`B · H · P`) from which a lane takes two rows, by default: 32,768 rows are
-/// 2,048 cubes of [`ROWS`], so paired cubes still fill the device (a 1K prompt of the Lightning
-/// geometry, 4,096 rows, keeps one row per lane and 256 cubes). The scan is bound by its
-/// shared-memory reads (ncu at 64 × 128: L1 89 % busy, PERF §19).
-pub const PAIR_MIN_ROWS: usize = 32_768;
+/// State rows (`B · H · P`) from which a lane takes two rows, by default: never, until the
+/// paired kernel is measured on the H200 (it halves the shared-memory reads the scan is bound
+/// by — ncu at 64 × 128: L1 89 % busy, PERF §19 — but takes more registers).
+/// [`PAIR_CANDIDATE_ROWS`] is the threshold to measure.
+pub const PAIR_MIN_ROWS: usize = usize::MAX;
+
+/// The threshold to measure (`bench --mma-min scanpair=32768`): 32,768 rows are 2,048 cubes of
+/// [`ROWS`], so paired cubes still fill the device, while a 1K prompt of the Lightning geometry
+/// (4,096 rows) keeps one row per lane and 256 cubes.
+pub const PAIR_CANDIDATE_ROWS: usize = 32_768;
 
 static PAIR_MIN: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(PAIR_MIN_ROWS);
