@@ -482,3 +482,30 @@ fn a_one_element_dt_limit_is_refused() {
     let e = config_error(d.path());
     assert!(e.contains("time_step_limit"), "{e}");
 }
+
+/// Shard 5/6, `n_shared_experts > 0` as `>= 0` in `from_value`: a MoE without shared experts needs
+/// no shared expert width (under the mutant its absence is refused) and reads as width 0.
+#[test]
+fn a_moe_without_shared_experts_needs_no_shared_width() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["n_shared_experts"] = 0.into();
+        v.as_object_mut()
+            .unwrap()
+            .remove("moe_shared_expert_intermediate_size");
+    });
+    let (cfg, _) = read_config(d.path()).unwrap();
+    assert_eq!(cfg.moe.unwrap().shared_intermediate_size, 0);
+}
+
+/// Shard 5/6, `opt_str -> Ok(None)`: an activation other than the one implemented is refused by
+/// name, not read as absent (`mamba_hidden_act`, `mlp_hidden_act`).
+#[test]
+fn unsupported_activations_are_refused() {
+    for (key, bad) in [("mamba_hidden_act", "gelu"), ("mlp_hidden_act", "silu")] {
+        let d = checkpoint(SynthRecipe::LightningMixed);
+        edit_config(d.path(), |v| v[key] = bad.into());
+        let e = config_error(d.path());
+        assert!(e.contains(key) && e.contains(bad), "{key}={bad}: {e}");
+    }
+}

@@ -528,6 +528,28 @@ fn nan_block_scale() {
     mentions(&ck.refused(), &[name, "row 7, block 2", "0x7f"]);
 }
 
+/// Mutation shard 5/6, `b != 0x80` as `==` in `materialize`: a negative block scale (E4M3
+/// 0xB8 = −1.0) is refused, and −0 (0x80, a zero scale with its sign bit) loads.
+#[test]
+fn negative_block_scale() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.5.mixer.shared_experts.up_proj.weight_scale"; // [48, 4]
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes[4 * 3 + 1] = 0xB8
+    });
+    mentions(&ck.refused(), &[name, "row 3, block 1", "0xb8"]);
+}
+
+#[test]
+fn negative_zero_block_scale_loads() {
+    let ck = Ck::new(LM, SHARD);
+    let name = "backbone.layers.5.mixer.shared_experts.up_proj.weight_scale";
+    ck.edit_shard(name, |ts| {
+        ts.iter_mut().find(|t| t.name == name).unwrap().bytes[4 * 3 + 1] = 0x80
+    });
+    Checkpoint::load(ck.path()).expect("a -0 block scale is a zero scale");
+}
+
 #[test]
 fn w4a4_without_input_scale() {
     let ck = Ck::new(SynthRecipe::NanoNvfp4, SHARD);
@@ -693,4 +715,15 @@ fn scalar_shipped_as_one_value_loads() {
         ts.iter_mut().find(|t| t.name == name).unwrap().shape = vec![1];
     });
     Checkpoint::load(ck.path()).unwrap();
+}
+
+/// Mutation shard 5/6, `||` as `&&` in the weight map's shard-name check: a shard name with a
+/// backslash, and `..`, are refused as not plain file names (a `/` is refused either way).
+#[test]
+fn shard_names_with_a_backslash_or_dotdot_are_refused() {
+    for bad in ["sub\\model.safetensors", ".."] {
+        let ck = Ck::new(LM, SHARD);
+        ck.index_set("backbone.norm_f.weight", bad);
+        mentions(&ck.refused(), &["plain file name"]);
+    }
 }
