@@ -53,32 +53,14 @@ impl Settings {
     }
 
     /// Applies every setting (process-wide). A tuning the kernels cannot take is refused by
-    /// name before anything is set.
+    /// name ([`MmaTuning::check`]) before anything is set.
     pub fn apply(&self) -> Result<(), String> {
-        self.validate()?;
         mma::set_tuning(self.tune)?;
         mma::set_mma(self.min);
         mma::set_fp8_inq_max(self.fp8_inq_max);
         decode::set_form(self.attn);
         super::set_fused(self.fused);
         scan::set_pair_min(self.scan_pair_min);
-        Ok(())
-    }
-
-    /// The tuning's allowed values ([`mma::set_tuning`]'s), checked without setting anything.
-    fn validate(&self) -> Result<(), String> {
-        let t = &self.tune;
-        let allowed: [(&str, usize, &[usize]); 4] = [
-            ("grp", t.group, &[1, 2, 4, 8]),
-            ("tw", t.tile_warps, &[4, 8]),
-            ("nt", t.tile_tiles, &[8, 16]),
-            ("rf", t.tile_frags, &[1, 2]),
-        ];
-        for (key, v, ok) in allowed {
-            if !ok.contains(&v) {
-                return Err(format!("{key}={v}: expected one of {ok:?}"));
-            }
-        }
         Ok(())
     }
 
@@ -163,7 +145,7 @@ impl Settings {
                 k => return Err(format!("{text:?}: unknown key {k:?}")),
             }
         }
-        s.validate().map_err(|e| format!("{text:?}: {e}"))?;
+        s.tune.check().map_err(|e| format!("{text:?}: {e}"))?;
         Ok(s)
     }
 }

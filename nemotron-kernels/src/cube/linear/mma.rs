@@ -956,7 +956,9 @@ pub struct MmaTuning {
     pub widen: bool,
     /// The threads a widened grid aims for.
     pub threads: usize,
-    /// Warps per cube of the tiled kernels ([`super::tile`]): 4 or 8 (64 or 128 weight rows).
+    /// Warps per cube of the tiled kernels ([`super::tile`]): 4 or 8 (64 or 128 weight rows;
+    /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
+    /// [`super::frag::tile_warps`]).
     pub tile_warps: usize,
     /// The most token tiles of 8 a tiled cube takes per pass: 8 or 16 (64 or 128 tokens).
     pub tile_tiles: usize,
@@ -990,34 +992,10 @@ static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(super::tile::TILE_WARPS);
 static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(super::tile::TILE_TILES);
 static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(super::tile::TILE_FRAGS);
 
-/// Sets [`MmaTuning`] (process-wide; for tests and benchmarks). A group other than 1, 2, 4 or
-/// 8, tile warps other than 4 or 8, tile token tiles other than 8 or 16, or row fragments
-/// other than 1 or 2 are refused by name.
+/// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
+/// is refused by name ([`MmaTuning::check`]) and nothing is set.
 pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
-    if ![1, 2, 4, 8].contains(&t.group) {
-        return Err(format!(
-            "tensor-core load group {}: expected 1, 2, 4 or 8",
-            t.group
-        ));
-    }
-    if ![4, 8].contains(&t.tile_warps) {
-        return Err(format!(
-            "tiled kernel warps per cube {}: expected 4 or 8",
-            t.tile_warps
-        ));
-    }
-    if ![8, 16].contains(&t.tile_tiles) {
-        return Err(format!(
-            "tiled kernel token tiles per pass {}: expected 8 or 16",
-            t.tile_tiles
-        ));
-    }
-    if ![1, 2].contains(&t.tile_frags) {
-        return Err(format!(
-            "tiled kernel row fragments per warp {}: expected 1 or 2",
-            t.tile_frags
-        ));
-    }
+    t.check()?;
     TUNE_TILE_FRAGS.store(t.tile_frags, Ordering::Relaxed);
     TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
@@ -1029,6 +1007,39 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
 }
 
 impl MmaTuning {
+    /// Refuses, naming the knob (by its `bench --mma-min` key) and the values allowed, a group
+    /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 8 or 16,
+    /// or row fragments other than 1 or 2.
+    pub fn check(&self) -> Result<(), String> {
+        let knobs: [(&str, &str, usize, &[usize]); 4] = [
+            ("grp", "tensor-core load group", self.group, &[1, 2, 4, 8]),
+            (
+                "tw",
+                "tiled kernel warps per cube",
+                self.tile_warps,
+                &[4, 8],
+            ),
+            (
+                "nt",
+                "tiled kernel token tiles per pass",
+                self.tile_tiles,
+                &[8, 16],
+            ),
+            (
+                "rf",
+                "tiled kernel row fragments per warp",
+                self.tile_frags,
+                &[1, 2],
+            ),
+        ];
+        for (key, what, v, ok) in knobs {
+            if !ok.contains(&v) {
+                return Err(format!("{key}={v} ({what}): expected one of {ok:?}"));
+            }
+        }
+        Ok(())
+    }
+
     /// The tiled kernels' cube shape.
     pub fn tile_shape(&self) -> super::tile::TileShape {
         super::tile::TileShape {

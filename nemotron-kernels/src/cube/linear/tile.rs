@@ -48,14 +48,14 @@ use cubecl::prelude::*;
 
 /// Warps per cube, side by side over the weight rows, by default
 /// ([`super::mma::MmaTuning::tile_warps`]: 4 or 8). 8 (128 rows per cube, each staged
-/// activation read by twice the rows) measured 2.5–4.5 % faster prefill than 4 on the H200 at
+/// activation read by twice the rows) measured 1.7–4.6 % faster prefill than 4 on the H200 at
 /// 1 × 1,024, 16 × 128 and 64 × 128 (PERF §19).
 pub const TILE_WARPS: usize = 8;
 
 /// Fragments of 16 weight rows per warp of the NVFP4 kernel, by default
 /// ([`super::mma::MmaTuning::tile_frags`]: 1 or 2). 2 halves the shared-memory reads per `mma`
 /// (the kernel's L1 throughput is 77–88 % busy) but doubles the accumulators: on the H200 it
-/// measured 6–9 % slower prefill (PERF §19; the kernel sits at 128 registers, occupancy-bound).
+/// measured 6.5–9 % slower prefill (0.5 % with 16 token tiles at 64 × 128) (PERF §19; the kernel sits at 128 registers, occupancy-bound).
 pub const TILE_FRAGS: usize = 1;
 
 /// A tiled launch's cube shape, from [`super::mma::MmaTuning`] (the caller passes it, so this
