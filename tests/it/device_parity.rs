@@ -275,6 +275,20 @@ mod wgpu {
             Band::Abs(W8A8_BAND),
         );
     }
+    /// The fixtures with the scan chunked in chunks of a few steps
+    /// (`parity --prefill-kernels tiled`; the tensor-core paths it also forces are CUDA's).
+    #[test]
+    fn wgpu_f32_matches_hf_tiled() {
+        use nemotron::kernels::cube::{set_prefill_kernels, PrefillKernels};
+        set_prefill_kernels(PrefillKernels::Tiled);
+        super::hf_fixtures_match(
+            &dev(),
+            DType::F32,
+            Band::Rel(F32_BAND),
+            Band::Abs(W8A8_BAND),
+        );
+        set_prefill_kernels(PrefillKernels::Auto);
+    }
     #[test]
     fn wgpu_f32_band_is_armed() {
         super::band_is_armed(&dev(), DType::F32, Band::Rel(F32_BAND), super::dt_clamp());

@@ -16,6 +16,8 @@
 #   pall         engine prefill and 64 decode steps at 1 x 1,024, 16 and 64 x 128 (one load)
 #   pf3          pf without the 12,288-token prompt
 #   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
+#   p8 S         engine prefill of 1 x 8,192 tokens (8 decode steps) once per --mma-min setting
+#                of the ;-separated S
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -101,6 +103,11 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024 --batch 1,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
+    p8)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \

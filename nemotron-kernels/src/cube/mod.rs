@@ -79,14 +79,27 @@ pub enum PrefillKernels {
     /// slot (otherwise from 32 and past 1,024 slots), NVFP4 linears on the tiled kernel from
     /// one row or slot (otherwise from 512), and FP8 linears whose rows are quantized apart on
     /// the tiled FP8 kernel (otherwise off): so the tiny fixtures run prefill's grouped MoE and
-    /// tiled paths. They take effect where they exist (bf16 on CUDA tensor cores). The scan and
-    /// conv kernels have no threshold: they run at every size on every cube backend.
+    /// tiled paths. They take effect where they exist (bf16 on CUDA tensor cores). The scan
+    /// chunks time at any row count in chunks of [`TILED_SCAN_CHUNK`] steps (on every cube
+    /// backend). The conv kernel has no threshold: it runs at every size.
     Tiled,
 }
+
+/// The scan's chunk length under [`PrefillKernels::Tiled`]: short, so the fixtures' few
+/// tokens take several chunks.
+pub const TILED_SCAN_CHUNK: usize = 3;
 
 /// Sets [`PrefillKernels`] (process-wide: for `parity --prefill-kernels` and tests).
 pub fn set_prefill_kernels(k: PrefillKernels) {
     let mut m = linear::mma::mma();
+    let chunking = match k {
+        PrefillKernels::Auto => mamba::scan::Chunking::default(),
+        PrefillKernels::Tiled => mamba::scan::Chunking {
+            len: TILED_SCAN_CHUNK,
+            max_rows: usize::MAX,
+        },
+    };
+    mamba::scan::set_chunking(chunking).expect("a nonzero chunk length");
     match k {
         PrefillKernels::Auto => {
             m.grouped = linear::mma::MmaMin::default().grouped;

@@ -23,6 +23,8 @@ pub struct Settings {
     pub fused: bool,
     /// State rows from which the scan's lanes take two rows.
     pub scan_pair_min: usize,
+    /// When and in what lengths the scan cuts time into chunks.
+    pub scan_chunk: scan::Chunking,
 }
 
 impl Default for Settings {
@@ -35,6 +37,7 @@ impl Default for Settings {
             tune: MmaTuning::default(),
             fused: true,
             scan_pair_min: scan::PAIR_MIN_ROWS,
+            scan_chunk: scan::Chunking::default(),
         }
     }
 }
@@ -49,6 +52,7 @@ impl Settings {
             tune: mma::tuning(),
             fused: super::fused(),
             scan_pair_min: scan::pair_min(),
+            scan_chunk: scan::chunking(),
         }
     }
 
@@ -56,6 +60,7 @@ impl Settings {
     /// name ([`MmaTuning::check`]) before anything is set.
     pub fn apply(&self) -> Result<(), String> {
         mma::set_tuning(self.tune)?;
+        scan::set_chunking(self.scan_chunk)?;
         mma::set_mma(self.min);
         mma::set_fp8_inq_max(self.fp8_inq_max);
         decode::set_form(self.attn);
@@ -75,7 +80,9 @@ impl Settings {
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=8|16` (the most token tiles of 8 a tiled cube takes per pass); `rf=1|2` (16-row
     /// fragments per warp of the tiled NVFP4 kernel); `scanpair=N` (the scan's lanes take two
-    /// state rows from N state rows); `fuse=on|off` (the decode fusions). Unknown keys, bad
+    /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
+    /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
+    /// never); `fuse=on|off` (the decode fusions). Unknown keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
         let num = |v: &str| -> Result<usize, String> {
@@ -131,6 +138,11 @@ impl Settings {
                 "nt" => s.tune.tile_tiles = num(v)?,
                 "rf" => s.tune.tile_frags = num(v)?,
                 "scanpair" => s.scan_pair_min = num(v)?,
+                "scanchunk" => match num(v)? {
+                    0 => return Err(format!("{text:?}: scanchunk=0: at least one step")),
+                    n => s.scan_chunk.len = n,
+                },
+                "scanchunkrows" => s.scan_chunk.max_rows = num(v)?,
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,

@@ -4,6 +4,15 @@
 use super::{close, host, Arm, Rng};
 use nemotron_kernels::ops;
 
+/// Held by every scan test for its whole body: two of them change the scan's process-wide
+/// settings (pairs, chunks), which would otherwise leak into the others' runs on parallel
+/// test threads (every path then gives the same numbers, but not the path a test names).
+static SCAN_SETTINGS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn scan_lock() -> std::sync::MutexGuard<'static, ()> {
+    SCAN_SETTINGS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// With and without the clamp, over a range that exercises both softplus branches.
 pub fn dt_softplus_matches(arm: &Arm) {
     let (href, mut rng) = (Arm::host(), Rng::new(9, arm));
@@ -72,6 +81,7 @@ fn conv_case(arm: &Arm, seed: u64, (tm, c, k): (usize, usize, usize), cases: &[V
 /// The scan at small shapes: `N = 16` (the register-row kernel, one partial tile) and `N = 12`
 /// (not a multiple of its lanes: the sequential kernel).
 pub fn scan_matches(arm: &Arm) {
+    let _settings = scan_lock();
     for n in [16, 12] {
         scan_case(arm, 4, (11, 4, 8, 2, n), &[vec![11, 4], vec![11, 11]]);
     }
@@ -82,51 +92,122 @@ pub fn scan_matches(arm: &Arm) {
 /// block of rows), `N = 128` (the Lightning state: 16 entries per lane, tiles of 16 steps)
 /// and `N = 256` (tiles of 8).
 pub fn scan_tiles_match(arm: &Arm) {
-    use nemotron_kernels::cube::mamba::scan::{plan, ScanPath, PAIR_CANDIDATE_ROWS, PAIR_MIN_ROWS};
-    let m = PAIR_CANDIDATE_ROWS;
-    // Off by default (until measured on the H200).
+    let _settings = scan_lock();
+    use nemotron_kernels::cube::mamba::scan::{plan, Chunking, ScanPath, PAIR_MIN_ROWS};
+    let never = Chunking {
+        len: 128,
+        max_rows: 0,
+    };
+    let m = PAIR_MIN_ROWS;
+    // By default 16 x 128 of the Lightning geometry (65,536 rows) pairs, a 1K prompt not.
     assert_eq!(
-        plan(128, usize::MAX - 1, PAIR_MIN_ROWS),
+        plan(128, 16 * 64 * 64, 128, PAIR_MIN_ROWS, never),
         ScanPath::Rows {
             per: 16,
             tile: 16,
-            pair: 1
+            pair: 2,
+            chunks: None,
         }
     );
     assert_eq!(
-        plan(128, 4_096, m),
+        plan(128, 4_096, 1024, m, never),
         ScanPath::Rows {
             per: 16,
             tile: 16,
-            pair: 1
+            pair: 1,
+            chunks: None,
         }
     );
     assert_eq!(
-        plan(128, 64 * 64 * 64, m),
+        plan(128, 64 * 64 * 64, 128, m, never),
         ScanPath::Rows {
             per: 16,
             tile: 16,
-            pair: 2
+            pair: 2,
+            chunks: None,
         }
     );
     assert_eq!(
-        plan(256, 1, m),
+        plan(256, 1, 8, m, never),
         ScanPath::Rows {
             per: 32,
             tile: 8,
-            pair: 1
+            pair: 1,
+            chunks: None,
         }
     );
-    assert_eq!(plan(12, usize::MAX, m), ScanPath::Sequential);
+    assert_eq!(
+        plan(12, usize::MAX, 1024, m, Chunking::default()),
+        ScanPath::Sequential
+    );
     let lens = [vec![75, 0, 33, 1]];
     scan_case(arm, 5, (75, 3, 20, 1, 128), &lens);
     scan_case(arm, 6, (40, 2, 16, 2, 256), &[vec![40, 17]]);
+}
+
+/// The scan chunked over time (forced at these small sizes): chunks of 1, 5 and 16 steps over
+/// ragged lengths (a sequence ending inside a chunk, one of length 0, one of length 1, one
+/// shorter than a chunk), `N = 128` with tiles of 16 inside chunks of 40, `N = 16`, and pairs
+/// of rows in the chunk-local pass. The plan: where the default chunks (a 1K prompt of the
+/// Lightning geometry) and where not (16 × 128, one chunk, a state of `N` not a multiple of 8),
+/// and longer chunks past the byte budget for the chunk end states.
+pub fn scan_chunks_match(arm: &Arm) {
+    let _settings = scan_lock();
+    use nemotron_kernels::cube::mamba::scan::{
+        chunking, pair_min, plan, set_chunking, set_pair_min, Chunking, Chunks, ScanPath,
+        CHUNK_STATE_BYTES, PAIR_MIN_ROWS,
+    };
+    let def = Chunking::default();
+    let rows_of = |r: ScanPath| match r {
+        ScanPath::Rows { chunks, .. } => chunks,
+        ScanPath::Sequential => None,
+    };
+    assert_eq!(
+        rows_of(plan(128, 64 * 64, 1024, PAIR_MIN_ROWS, def)),
+        Some(Chunks { len: 128, count: 8 })
+    );
+    assert_eq!(
+        rows_of(plan(128, 16 * 64 * 64, 128, PAIR_MIN_ROWS, def)),
+        None
+    );
+    assert_eq!(rows_of(plan(128, 64 * 64, 128, PAIR_MIN_ROWS, def)), None);
+    assert_eq!(
+        rows_of(plan(128, 64 * 64, 129, PAIR_MIN_ROWS, def)),
+        Some(Chunks { len: 128, count: 2 })
+    );
+    assert_eq!(plan(12, 4, 1024, PAIR_MIN_ROWS, def), ScanPath::Sequential);
+    // 4,096 rows of 128 f32: 2 MiB per chunk, so at most 128 chunks within the budget.
+    let most = CHUNK_STATE_BYTES / (64 * 64 * 128 * 4);
+    let long = rows_of(plan(128, 64 * 64, 1 << 20, PAIR_MIN_ROWS, def)).unwrap();
+    assert!(
+        long.count <= most && long.len * long.count >= 1 << 20,
+        "{long:?}"
+    );
+    let (saved, saved_pair) = (chunking(), pair_min());
+    for (len, pair) in [(5, usize::MAX), (1, usize::MAX), (16, 1), (40, usize::MAX)] {
+        set_chunking(Chunking {
+            len,
+            max_rows: usize::MAX,
+        })
+        .unwrap();
+        set_pair_min(pair);
+        scan_case(arm, 10, (75, 3, 20, 1, 128), &[vec![75, 0, 33, 1]]);
+        scan_case(arm, 11, (23, 4, 8, 2, 16), &[vec![23, 4], vec![23, 23]]);
+    }
+    set_chunking(saved).unwrap();
+    set_pair_min(saved_pair);
+    assert!(set_chunking(Chunking {
+        len: 0,
+        max_rows: 1
+    })
+    .is_err());
 }
 
 /// The register-row scan with two state rows per lane (forced at these small sizes): `P = 20`
 /// (one cube of 32 rows, its second rows partly past `P`), `P = 40` (a full cube and a partial
 /// one), ragged lengths over several tiles, `N = 128` and `N = 16`.
 pub fn scan_pairs_match(arm: &Arm) {
+    let _settings = scan_lock();
     use nemotron_kernels::cube::mamba::scan::{pair_min, set_pair_min};
     let saved = pair_min();
     set_pair_min(1);
