@@ -99,7 +99,7 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
             max_rows: usize::MAX,
         },
     };
-    mamba::scan::set_chunking(chunking).expect("a nonzero chunk length");
+    mamba::scan::store_chunking(chunking);
     match k {
         PrefillKernels::Auto => {
             m.grouped = linear::mma::MmaMin::default().grouped;

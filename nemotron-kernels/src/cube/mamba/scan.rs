@@ -139,9 +139,14 @@ pub fn set_chunking(c: Chunking) -> Result<(), String> {
     if c.len == 0 {
         return Err("scanchunk=0: a chunk takes at least one step".into());
     }
-    CHUNK_LEN_SET.store(c.len, std::sync::atomic::Ordering::Relaxed);
-    CHUNK_ROWS_SET.store(c.max_rows, std::sync::atomic::Ordering::Relaxed);
+    store_chunking(c);
     Ok(())
+}
+
+/// Stores a chunking whose length the caller knows is nonzero (a constant of this crate).
+pub(crate) fn store_chunking(c: Chunking) {
+    CHUNK_LEN_SET.store(c.len.max(1), std::sync::atomic::Ordering::Relaxed);
+    CHUNK_ROWS_SET.store(c.max_rows, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The current [`set_chunking`] setting.
