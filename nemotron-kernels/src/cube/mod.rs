@@ -81,7 +81,8 @@ pub enum PrefillKernels {
     /// the tiled FP8 kernel (otherwise off): so the tiny fixtures run prefill's grouped MoE and
     /// tiled paths. They take effect where they exist (bf16 on CUDA tensor cores). The scan
     /// chunks time at any row count in chunks of [`TILED_SCAN_CHUNK`] steps (on every cube
-    /// backend). The conv kernel has no threshold: it runs at every size.
+    /// backend; a bf16 scan on tensor cores takes the chunked matrix form from one token, in
+    /// chunks of 16). The conv kernel has no threshold: it runs at every size.
     Tiled,
 }
 
@@ -100,6 +101,10 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
         },
     };
     mamba::scan::store_chunking(chunking);
+    mamba::ssd::set_ssd_min(match k {
+        PrefillKernels::Auto => mamba::ssd::SSD_MIN_TOKENS,
+        PrefillKernels::Tiled => 1,
+    });
     match k {
         PrefillKernels::Auto => {
             m.grouped = linear::mma::MmaMin::default().grouped;
@@ -209,7 +214,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         state: T<R>,
         lens: &[usize],
     ) -> (T<R>, T<R>) {
-        mamba::scan::launch(x, dt, a, b, c, d, state, lens)
+        match mamba::ssd::chunks_for(&x, &b) {
+            Some(ch) => mamba::ssd::launch(x, dt, a, b, c, d, state, lens, ch.len, ch.count),
+            None => mamba::scan::launch(x, dt, a, b, c, d, state, lens),
+        }
     }
 
     fn conv_step(

@@ -6,7 +6,7 @@
 
 use super::attention::decode::{self, AttnForm};
 use super::linear::mma::{self, MmaMin, MmaTuning};
-use super::mamba::scan;
+use super::mamba::{scan, ssd};
 
 /// The kernel settings (see [`Settings::parse`] for the text form).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct Settings {
     pub scan_pair_min: usize,
     /// When and in what lengths the scan cuts time into chunks.
     pub scan_chunk: scan::Chunking,
+    /// Prompt tokens from which a bf16 scan takes the tensor-core (SSD) form.
+    pub scan_ssd_min: usize,
 }
 
 impl Default for Settings {
@@ -38,6 +40,7 @@ impl Default for Settings {
             fused: true,
             scan_pair_min: scan::PAIR_MIN_ROWS,
             scan_chunk: scan::Chunking::default(),
+            scan_ssd_min: ssd::SSD_MIN_TOKENS,
         }
     }
 }
@@ -53,6 +56,7 @@ impl Settings {
             fused: super::fused(),
             scan_pair_min: scan::pair_min(),
             scan_chunk: scan::chunking(),
+            scan_ssd_min: ssd::ssd_min(),
         }
     }
 
@@ -66,6 +70,7 @@ impl Settings {
         decode::set_form(self.attn);
         super::set_fused(self.fused);
         scan::set_pair_min(self.scan_pair_min);
+        ssd::set_ssd_min(self.scan_ssd_min);
         Ok(())
     }
 
@@ -82,7 +87,8 @@ impl Settings {
     /// fragments per warp of the tiled NVFP4 kernel); `scanpair=N` (the scan's lanes take two
     /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
-    /// never); `fuse=on|off` (the decode fusions). Unknown keys, bad
+    /// never); `scanssd=N` (a bf16 scan on tensor cores in the chunked matrix form from N prompt
+    /// tokens; `max` never); `fuse=on|off` (the decode fusions). Unknown keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
         let num = |v: &str| -> Result<usize, String> {
@@ -143,6 +149,7 @@ impl Settings {
                     n => s.scan_chunk.len = n,
                 },
                 "scanchunkrows" => s.scan_chunk.max_rows = num(v)?,
+                "scanssd" => s.scan_ssd_min = num(v)?,
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,

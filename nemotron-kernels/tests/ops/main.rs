@@ -344,8 +344,8 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
         "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,inq=2,grp=4,\
-         threads=99,tw=4,nt=16,rf=2,scanpair=17,scanchunk=19,scanchunkrows=23,widen=off,pipe=on,\
-         fuse=off,attn=split",
+         threads=99,tw=4,nt=16,rf=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
+         pipe=on,fuse=off,attn=split",
     )
     .unwrap();
     let m = s.min;
@@ -371,7 +371,10 @@ fn settings_parse_each_key_into_its_field() {
         (s.fp8_inq_max, s.scan_pair_min, s.attn),
         (2, 17, AttnForm::Split)
     );
-    assert_eq!((s.scan_chunk.len, s.scan_chunk.max_rows), (19, 23));
+    assert_eq!(
+        (s.scan_chunk.len, s.scan_chunk.max_rows, s.scan_ssd_min),
+        (19, 23, 29)
+    );
     let r = Settings::parse("6, max").unwrap();
     assert_eq!(
         (
@@ -475,6 +478,7 @@ arms! {
     selective_scan_tiles => mamba::scan_tiles_match,
     selective_scan_pairs => mamba::scan_pairs_match,
     selective_scan_chunks => mamba::scan_chunks_match,
+    selective_scan_ssd => mamba::scan_ssd_match,
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
     dense_linear_rows_invariant => matmul::dense_linear_rows_invariant,

@@ -217,6 +217,68 @@ pub fn scan_pairs_match(arm: &Arm) {
     set_pair_min(saved);
 }
 
+/// The scan on tensor cores in the chunked matrix form (`cube::mamba::ssd`): its plan on the
+/// host (every arm), and on the arm where it runs (bf16 with tensor cores: CUDA bf16) the
+/// register scan's cases through it — chunks of 16 (from a requested 3), 32 and 128 steps,
+/// ragged lengths incl. 0 and 1, an initial state, `P` padded to 16, `N` = 16 and 128, a prompt
+/// of two chunks of 128 — checked to have run in this form. Elsewhere it says the form did not
+/// run and why (the cases then exercise the fallback only).
+pub fn scan_ssd_match(arm: &Arm) {
+    let _settings = scan_lock();
+    use nemotron_kernels::cube::mamba::scan::{chunking, set_chunking, Chunking, Chunks};
+    use nemotron_kernels::cube::mamba::ssd::{self, set_ssd_min, ssd_min, ssd_plan};
+    // Lightning (N 128, P 64, H 64): a 1K prompt in 8 chunks, 64 × 128 in one each.
+    let c = |len, count| Some(Chunks { len, count });
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 1024, 1, 128), c(128, 8));
+    assert_eq!(ssd_plan(128, 64, 64 * 64 * 64, 64, 128, 1, 128), c(128, 1));
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 129, 1, 128), c(128, 2));
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 20, 1, 3), c(16, 2));
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 20, 1, 500), c(128, 1));
+    // Below the token threshold, shapes it does not take, no steps.
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 1024, 1025, 128), None);
+    assert_eq!(ssd_plan(12, 64, 64 * 64, 1, 64, 1, 128), None);
+    assert_eq!(ssd_plan(144, 64, 64 * 64, 1, 64, 1, 128), None);
+    assert_eq!(ssd_plan(128, 130, 64 * 64, 1, 64, 1, 128), None);
+    assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 0, 0, 128), None);
+    // Chunk end states past the byte budget (32 × 64 × 64 rows × 8 chunks × 512 bytes).
+    assert_eq!(ssd_plan(128, 64, 32 * 64 * 64, 32, 1024, 1, 128), None);
+    assert_eq!(ssd_plan(128, 64, 16 * 64 * 64, 16, 1024, 1, 128), c(128, 8));
+    // The bf16 arms are CUDA's, on a device with bf16 tensor cores (sm_80 on).
+    let runs = arm.dtype == burn::tensor::DType::BF16;
+    let (saved, saved_min, before) = (chunking(), ssd_min(), ssd::launches());
+    set_ssd_min(1);
+    let mut cases = 0;
+    for len in [3, 32, 128] {
+        set_chunking(Chunking {
+            len,
+            max_rows: usize::MAX,
+        })
+        .unwrap();
+        scan_case(arm, 12, (75, 3, 20, 1, 128), &[vec![75, 0, 33, 1]]);
+        scan_case(arm, 13, (23, 4, 8, 2, 16), &[vec![23, 4], vec![23, 23]]);
+        cases += 3;
+    }
+    set_chunking(Chunking {
+        len: 128,
+        max_rows: usize::MAX,
+    })
+    .unwrap();
+    scan_case(arm, 14, (200, 2, 64, 1, 128), &[vec![200, 130, 0, 1]]);
+    cases += 1;
+    set_chunking(saved).unwrap();
+    set_ssd_min(saved_min);
+    let ran = ssd::launches() - before;
+    if runs {
+        assert_eq!(ran, cases, "every bf16 case ran in the tensor-core form");
+    } else {
+        assert_eq!(ran, 0, "the tensor-core form is for bf16 only");
+        eprintln!(
+            "selective_scan_ssd: the tensor-core form did not run on this arm (bf16 with mma \
+             only); its plan was checked and the cases ran through the register scan"
+        );
+    }
+}
+
 fn scan_case(
     arm: &Arm,
     seed: u64,

@@ -6,4 +6,5 @@
 pub mod conv;
 pub mod scan;
 pub mod softplus;
+pub mod ssd;
 pub mod step;

@@ -1,7 +1,9 @@
 //! The selective scan with D skip over a prompt:
 //! `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`, `g = h / (H/G)`.
 //!
-//! Two kernels, chosen by [`plan`]:
+//! (A bf16 scan on a device with tensor cores runs in Mamba2's chunked matrix form instead,
+//! `ssd.rs` beside this file, sharing this module's carry and out kernels for prompts of several
+//! chunks.) Two kernels, chosen by [`plan`]:
 //! - [`scan_rows_kernel()`] (the prefill path): the state lives in registers. A cube takes
 //!   [`ROWS`] state rows `(b, h, p)`; [`LANES`] lanes split each row's `N` entries (`N / LANES`
 //!   each). Time runs in tiles of up to [`TILE`] steps: the cube stages the tile's `B`, `C` rows
@@ -763,16 +765,61 @@ pub fn launch<R: CubeRuntime>(
         };
     }
     with_float!(act, local);
+    carry_and_out(
+        &client,
+        &local,
+        &dt,
+        &a,
+        &cm,
+        &lens,
+        &st,
+        &ends,
+        &decays,
+        &ns,
+        &y,
+        (bs, t, h, p, g, n),
+        (cl, nc),
+        act,
+    );
+    (contiguous_as(y, dtype), contiguous_as(ns, state_dtype))
+}
+
+/// The chunked path's last two launches, after the chunk-local pass (this module's or
+/// `ssd.rs`'s): [`scan_carry_kernel()`] passes the state between chunks (writing the new
+/// state `ns`), [`scan_out_kernel()`] adds the incoming states' part to the f32 `local` outputs
+/// and casts them into `y` (of `act`, as `cm`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn carry_and_out<R: CubeRuntime>(
+    client: &ComputeClient<R>,
+    local: &CubeTensor<R>,
+    dt: &CubeTensor<R>,
+    a: &CubeTensor<R>,
+    cm: &CubeTensor<R>,
+    lens: &Option<(cubecl::server::Handle, usize)>,
+    st: &CubeTensor<R>,
+    ends: &CubeTensor<R>,
+    decays: &CubeTensor<R>,
+    ns: &CubeTensor<R>,
+    y: &CubeTensor<R>,
+    (bs, t, h, p, g, n): (usize, usize, usize, usize, usize, usize),
+    (cl, nc): (usize, usize),
+    act: DType,
+) {
+    let lens_arg = |a: &CubeTensor<R>| match lens {
+        Some((hd, len)) => handle_arg(hd, *len),
+        None => arg(a),
+    };
+    let (per, tile, plane) = (n / LANES, tile(n), plane_reduce(client, 32));
     let (count, edim) = elemwise(bs * h * p * n);
     scan_carry_kernel::launch::<R>(
-        &client,
+        client,
         count,
         edim,
-        arg(&ends),
-        arg(&decays),
-        lens_arg(&a),
-        arg(&st),
-        arg(&ns),
+        arg(ends),
+        arg(decays),
+        lens_arg(a),
+        arg(st),
+        arg(ns),
         bs as u32,
         t as u32,
         h as u32,
@@ -781,20 +828,21 @@ pub fn launch<R: CubeRuntime>(
         nc as u32,
         lens.is_some(),
     );
+    let dim = CubeDim::new_2d(LANES as u32, ROWS as u32);
     let count = fold(bs * nc * h * p.div_ceil(ROWS));
     macro_rules! out {
         ($t:ty) => {
             scan_out_kernel::launch::<$t, R>(
-                &client,
+                client,
                 count.clone(),
                 dim,
-                arg(&local),
-                arg(&dt),
-                arg(&a),
-                arg(&cm),
-                lens_arg(&a),
-                arg(&ends),
-                arg(&y),
+                arg(local),
+                arg(dt),
+                arg(a),
+                arg(cm),
+                lens_arg(a),
+                arg(ends),
+                arg(y),
                 bs as u32,
                 t as u32,
                 h as u32,
@@ -810,7 +858,6 @@ pub fn launch<R: CubeRuntime>(
         };
     }
     with_float!(act, out);
-    (contiguous_as(y, dtype), contiguous_as(ns, state_dtype))
 }
 
 /// [`selective_scan_kernel()`]'s launch (any `N`; the reference's order of operations).
