@@ -34,15 +34,17 @@
 pub mod api;
 pub mod error;
 pub mod metrics;
+pub mod request;
+pub mod state;
 pub mod stop;
 pub mod worker;
 
-use api::AppState;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics::Metrics;
 use nemotron::model::EngineOptions;
 use nemotron::{ChatTemplate, GenerationDefaults, TextModel, Tokenizer};
+use state::AppState;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
