@@ -32,9 +32,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
+pub mod choice;
 pub mod error;
+pub mod info;
 pub mod metrics;
 pub mod request;
+pub mod sse;
 pub mod state;
 pub mod stop;
 pub mod worker;
@@ -369,10 +372,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
-        .route("/v1/models", get(api::models))
-        .route("/health", get(api::health))
-        .route("/metrics", get(api::metrics))
-        .fallback(api::not_found)
-        .method_not_allowed_fallback(api::method_not_allowed)
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
+        .fallback(info::not_found)
+        .method_not_allowed_fallback(info::method_not_allowed)
         .with_state(state)
 }
