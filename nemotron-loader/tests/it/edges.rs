@@ -509,3 +509,117 @@ fn unsupported_activations_are_refused() {
         assert!(e.contains(key) && e.contains(bad), "{key}={bad}: {e}");
     }
 }
+
+// Shard 0/6 (docs/RELIABILITY.md §3, session 22): the misses with a test each.
+
+/// Shard 0/6, `> → ==` in `HostTensor::rows`: an empty range is the tensor's rows of nothing,
+/// and a reversed range is refused (`None`), never a panic.
+#[test]
+fn host_tensor_rows_take_an_empty_range_and_refuse_a_reversed_one() {
+    use nemotron_loader::{DType, HostTensor};
+    let t = HostTensor {
+        name: "t".into(),
+        dtype: DType::BF16,
+        shape: vec![4, 3],
+        bytes: (0..24).collect(),
+    };
+    let empty = t.rows(2..2).expect("an empty range");
+    assert_eq!((empty.shape.clone(), empty.bytes.len()), (vec![0, 3], 0));
+    assert_eq!(t.rows(1..3).unwrap().bytes, (6..18).collect::<Vec<u8>>());
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = t.rows(3..1);
+    assert!(reversed.is_none());
+}
+
+/// Shard 0/6, `|| → &&` in `QuantRecipe::is_excluded` and `delete !` in `parse_inner`: a legacy
+/// ModelOpt exclusion (< 0.39) names a module by substring, and `module_path*` means the module
+/// and everything below it wherever the path sits in the name.
+#[test]
+fn legacy_exclusions_match_by_substring_and_a_trailing_star() {
+    let d = checkpoint(SynthRecipe::NanoNvfp4);
+    edit_json(d.path(), "hf_quant_config.json", |hq| {
+        let list = hq["quantization"]["exclude_modules"]
+            .as_array_mut()
+            .unwrap();
+        list.push("layers.1.mixer".into());
+        list.push("layers.2.mixer*".into());
+    });
+    let (_, recipe) = read_config(d.path()).unwrap();
+    assert!(recipe.is_excluded("backbone.layers.1.mixer.in_proj"));
+    assert!(recipe.is_excluded("backbone.layers.2.mixer.out_proj"));
+    assert!(!recipe.is_excluded("backbone.layers.3.mixer.in_proj"));
+}
+
+/// Shard 0/6, `|| → &&` in `Checkpoint::from_tensors`: a tensor of the right shape but a dtype its
+/// role does not allow is refused by name (as one of the right dtype but the wrong shape is).
+#[test]
+fn from_tensors_refuses_a_wrong_dtype_and_a_wrong_shape() {
+    use nemotron_loader::synth::recipe_json;
+    use nemotron_loader::{DType, HostTensor, LoadError, NemotronHConfig, QuantRecipe};
+    let geom = Geometry::tiny();
+    let cfg_json = geom.config_json();
+    let cfg = NemotronHConfig::from_value(&cfg_json).unwrap();
+    let (qc, hq) = recipe_json(&cfg, SynthRecipe::Bf16).unwrap();
+    assert!(
+        qc.is_none() && hq.is_none(),
+        "plain BF16 has no quantization config"
+    );
+    let recipe = QuantRecipe::from_sources(&cfg_json, None).unwrap();
+    let plan = Plan::new(&cfg, &recipe).unwrap();
+    let tensors: Vec<HostTensor> = plan
+        .specs
+        .iter()
+        .filter(|s| !s.optional)
+        .map(|s| HostTensor {
+            name: s.name.clone(),
+            dtype: s.write_dtype,
+            shape: s.shape.clone(),
+            bytes: vec![0; s.shape.iter().product::<usize>() * s.write_dtype.size()],
+        })
+        .collect();
+    Checkpoint::from_tensors(cfg.clone(), recipe.clone(), tensors.clone()).unwrap();
+    let at = tensors
+        .iter()
+        .position(|t| t.dtype == DType::BF16 && t.shape.len() == 2)
+        .unwrap();
+    let name = tensors[at].name.clone();
+    let mut wrong_dtype = tensors.clone();
+    wrong_dtype[at].dtype = DType::U8;
+    let half = wrong_dtype[at].bytes.len() / 2;
+    wrong_dtype[at].bytes.truncate(half);
+    let mut wrong_shape = tensors;
+    wrong_shape[at].shape[0] += 1;
+    for bad in [wrong_dtype, wrong_shape] {
+        match Checkpoint::from_tensors(cfg.clone(), recipe.clone(), bad) {
+            Err(LoadError::Shape { tensor, .. }) => assert_eq!(tensor, name),
+            Err(e) => panic!("refused as {e}, not by shape/dtype"),
+            Ok(_) => panic!("{name} of the wrong dtype or shape accepted"),
+        }
+    }
+}
+
+/// Shard 0/6, `n_shared_experts > 0` as `>= 0` in `Builder::mixer`: the plan of a MoE without
+/// shared experts asks for no shared-expert tensors.
+#[test]
+fn a_moe_without_shared_experts_plans_no_shared_tensors() {
+    let d = checkpoint(SynthRecipe::LightningMixed);
+    edit_config(d.path(), |v| {
+        v["n_shared_experts"] = 0.into();
+        v.as_object_mut()
+            .unwrap()
+            .remove("moe_shared_expert_intermediate_size");
+    });
+    let (cfg, recipe) = read_config(d.path()).unwrap();
+    let plan = Plan::new(&cfg, &recipe).unwrap();
+    assert!(plan
+        .specs
+        .iter()
+        .any(|s| s.name.contains(".experts.0.up_proj")));
+    let shared: Vec<_> = plan
+        .specs
+        .iter()
+        .filter(|s| s.name.contains("shared_experts"))
+        .map(|s| &s.name)
+        .collect();
+    assert!(shared.is_empty(), "{shared:?}");
+}
