@@ -110,6 +110,14 @@ mod tests {
         assert_eq!(run(&[], &["a", "b"]), ("ab".into(), false));
     }
 
+    /// Text held back as a possible stop string is sent when generation ends without one
+    /// (mutation run, session 22: `finish -> String::new()` passed every other test).
+    #[test]
+    fn a_held_tail_is_released_when_generation_ends() {
+        assert_eq!(run(&["END"], &["abc E"]), ("abc E".into(), false));
+        assert_eq!(run(&["END"], &["abc", " EN"]), ("abc EN".into(), false));
+    }
+
     #[test]
     fn multibyte_text_is_cut_on_character_boundaries() {
         assert_eq!(run(&["é!"], &["caf", "é", "?"]), ("café?".into(), false));
