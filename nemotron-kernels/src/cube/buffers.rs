@@ -62,6 +62,18 @@ pub(crate) fn handle_arg<R: CubeRuntime>(h: &Handle, len: usize) -> BufferArg<R>
     unsafe { BufferArg::from_raw_parts(h.clone(), len) }
 }
 
+/// The lengths buffer of [`lens_buf`] as a kernel argument, or `stand_in` (any buffer: the
+/// kernel's `ragged` flag is off and it reads no lengths) when every sequence fills `T`.
+pub(crate) fn lens_arg<R: CubeRuntime>(
+    lens: &Option<(Handle, usize)>,
+    stand_in: &CubeTensor<R>,
+) -> BufferArg<R> {
+    match lens {
+        Some((h, len)) => handle_arg(h, *len),
+        None => arg(stand_in),
+    }
+}
+
 /// Per-sequence lengths as a u32 buffer, or `None` when every sequence fills `T` (the kernels
 /// then take `T` for every sequence: no host write, so a decode step stays graph-capturable).
 pub(crate) fn lens_buf<R: CubeRuntime>(

@@ -11,6 +11,26 @@ pub fn mma_off() -> bool {
     *CELL.get_or_init(|| switch_off("NEMOTRON_MMA", "no tensor cores"))
 }
 
+/// Whether the device runs `mma` with `a`/`b` inputs of `ab` into f32 at `16 × 8 × k`, and
+/// `NEMOTRON_MMA` is not `0` (the one check every tensor-core kernel family asks).
+pub fn mma_supported<R: burn_cubecl::CubeRuntime>(
+    client: &cubecl::prelude::ComputeClient<R>,
+    ab: cubecl::ir::StorageType,
+    k: u32,
+) -> bool {
+    use cubecl::ir::features::MmaConfig;
+    use cubecl::ir::{ElemType, FloatKind};
+    !mma_off()
+        && client.features().matmul.mma.contains(&MmaConfig {
+            a_type: ab,
+            b_type: ab,
+            cd_type: ElemType::Float(FloatKind::F32).into(),
+            m: 16,
+            n: 8,
+            k,
+        })
+}
+
 /// `NEMOTRON_HW_DECODE=0`: E2M1/E4M3 decoded from their bits, not by the device's conversions.
 pub fn hw_decode_off() -> bool {
     static CELL: OnceLock<bool> = OnceLock::new();

@@ -29,6 +29,16 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
     edit_json(dir, "config.json", f);
 }
 
+/// The checkpoint's MoE made one without shared experts (count 0, no shared width).
+fn without_shared_experts(dir: &Path) {
+    edit_config(dir, |v| {
+        v["n_shared_experts"] = 0.into();
+        v.as_object_mut()
+            .unwrap()
+            .remove("moe_shared_expert_intermediate_size");
+    });
+}
+
 fn config_error(dir: &Path) -> String {
     read_config(dir).map(|_| ()).unwrap_err().to_string()
 }
@@ -488,12 +498,7 @@ fn a_one_element_dt_limit_is_refused() {
 #[test]
 fn a_moe_without_shared_experts_needs_no_shared_width() {
     let d = checkpoint(SynthRecipe::LightningMixed);
-    edit_config(d.path(), |v| {
-        v["n_shared_experts"] = 0.into();
-        v.as_object_mut()
-            .unwrap()
-            .remove("moe_shared_expert_intermediate_size");
-    });
+    without_shared_experts(d.path());
     let (cfg, _) = read_config(d.path()).unwrap();
     assert_eq!(cfg.moe.unwrap().shared_intermediate_size, 0);
 }
@@ -603,12 +608,7 @@ fn from_tensors_refuses_a_wrong_dtype_and_a_wrong_shape() {
 #[test]
 fn a_moe_without_shared_experts_plans_no_shared_tensors() {
     let d = checkpoint(SynthRecipe::LightningMixed);
-    edit_config(d.path(), |v| {
-        v["n_shared_experts"] = 0.into();
-        v.as_object_mut()
-            .unwrap()
-            .remove("moe_shared_expert_intermediate_size");
-    });
+    without_shared_experts(d.path());
     let (cfg, recipe) = read_config(d.path()).unwrap();
     let plan = Plan::new(&cfg, &recipe).unwrap();
     assert!(plan

@@ -212,26 +212,6 @@ pub fn fp8_inq_max() -> usize {
     INQ_MAX_ROWS.load(Ordering::Relaxed)
 }
 
-/// Whether the device runs `mma` with `a`/`b` inputs of `ab` into f32 at `16 × 8 × k`, and
-/// `NEMOTRON_MMA` is not `0`.
-fn supported<R: CubeRuntime>(
-    client: &ComputeClient<R>,
-    ab: cubecl::ir::StorageType,
-    k: u32,
-) -> bool {
-    use cubecl::ir::features::MmaConfig;
-    use cubecl::ir::{ElemType, FloatKind};
-    let off = crate::cube::tuning::mma_off();
-    !off && client.features().matmul.mma.contains(&MmaConfig {
-        a_type: ab,
-        b_type: ab,
-        cd_type: ElemType::Float(FloatKind::F32).into(),
-        m: 16,
-        n: 8,
-        k,
-    })
-}
-
 /// One `mma` step `2w + h` of [`nvfp4_mma_kernel()`] for every token tile: the `A` fragment from
 /// the words `wa` (row `g`) and `wb` (row `g + 8`), the `B` fragments from each tile's activations
 /// at vector `base` of its row.
@@ -1079,7 +1059,11 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         c.slots >= min.nvfp4
     };
     let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
-    if c.dtype != DType::BF16 || c.k % 32 != 0 || !enough || !supported(&c.x.client, bf16_mma, 16) {
+    if c.dtype != DType::BF16
+        || c.k % 32 != 0
+        || !enough
+        || !crate::cube::tuning::mma_supported(&c.x.client, bf16_mma, 16)
+    {
         return None;
     }
     if tile_applies(c, grouped) {
@@ -1219,7 +1203,7 @@ fn fp8_with<R: CubeRuntime>(
         || c.dtype != DType::BF16
         || c.k % 16 != 0
         || c.slots < mma().fp8
-        || !supported(&c.x.client, e4m3_mma, 32)
+        || !crate::cube::tuning::mma_supported(&c.x.client, e4m3_mma, 32)
     {
         return false;
     }
@@ -1323,7 +1307,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
         || w.dtype != DType::BF16
         || k % 8 != 0
         || m < mma().dense
-        || !supported(&x.client, bf16_mma, 16)
+        || !crate::cube::tuning::mma_supported(&x.client, bf16_mma, 16)
     {
         return None;
     }

@@ -36,7 +36,7 @@
 //! state as it was, so a length-0 sequence copies its state through.
 
 use crate::cube::buffers::{
-    arg, contiguous_as, elemwise, empty, f32_buf, fold, handle_arg, lens_buf, with_float,
+    arg, contiguous_as, elemwise, empty, f32_buf, fold, lens_arg, lens_buf, with_float,
 };
 use crate::cube::reduce::plane_reduce;
 use burn::tensor::DType;
@@ -680,10 +680,6 @@ pub fn launch<R: CubeRuntime>(
     let client = x.client.clone();
     let lens = lens_buf(&client, lens);
     let plane = plane_reduce(&client, 32);
-    let lens_arg = |a: &CubeTensor<R>| match &lens {
-        Some((hd, len)) => handle_arg(hd, *len),
-        None => arg(a),
-    };
     let Some(Chunks { len: cl, count: nc }) = chunks else {
         let count = fold(bs * h * p.div_ceil(ROWS * pair));
         let dim = CubeDim::new_2d(LANES as u32, ROWS as u32);
@@ -701,7 +697,7 @@ pub fn launch<R: CubeRuntime>(
                     arg(&bm),
                     arg(&cm),
                     arg(&d),
-                    lens_arg(&a),
+                    lens_arg(&lens, &a),
                     arg(&st),
                     arg(&ns),
                     arg(&unused),
@@ -743,7 +739,7 @@ pub fn launch<R: CubeRuntime>(
                 arg(&bm),
                 arg(&cm),
                 arg(&d),
-                lens_arg(&a),
+                lens_arg(&lens, &a),
                 arg(&st),
                 arg(&ends),
                 arg(&decays),
@@ -805,10 +801,6 @@ pub(crate) fn carry_and_out<R: CubeRuntime>(
     (cl, nc): (usize, usize),
     act: DType,
 ) {
-    let lens_arg = |a: &CubeTensor<R>| match lens {
-        Some((hd, len)) => handle_arg(hd, *len),
-        None => arg(a),
-    };
     let (per, tile, plane) = (n / LANES, tile(n), plane_reduce(client, 32));
     let (count, edim) = elemwise(bs * h * p * n);
     scan_carry_kernel::launch::<R>(
@@ -817,7 +809,7 @@ pub(crate) fn carry_and_out<R: CubeRuntime>(
         edim,
         arg(ends),
         arg(decays),
-        lens_arg(a),
+        lens_arg(lens, a),
         arg(st),
         arg(ns),
         bs as u32,
@@ -840,7 +832,7 @@ pub(crate) fn carry_and_out<R: CubeRuntime>(
                 arg(dt),
                 arg(a),
                 arg(cm),
-                lens_arg(a),
+                lens_arg(lens, a),
                 arg(ends),
                 arg(y),
                 bs as u32,
@@ -901,10 +893,7 @@ pub fn launch_sequential<R: CubeRuntime>(
         arg(&bm),
         arg(&cm),
         arg(&d),
-        match &lens {
-            Some((hd, len)) => handle_arg(hd, *len),
-            None => arg(&a),
-        },
+        lens_arg(&lens, &a),
         arg(&st),
         arg(&ns),
         arg(&y),

@@ -26,12 +26,12 @@
 //! **Shared memory** (pairs of bf16, one 32-bit word each; rows padded by [`PAD`] words so the
 //! 8 rows × 4 columns a fragment load touches fall in 32 distinct banks): `C` and `B` rows of
 //! the chunk (pairs along `N`), `x` transposed (pairs along time, `P` rows), `dt` and `la`.
-//! At `L = 128`, `N = 128`, `P = 64`: 87 KiB, two cubes per H200 SM.
+//! At `L = 128`, `N = 128`, `P = 64`: 88,064 bytes (86 KiB), two cubes per H200 SM.
 //!
 //! Grid: one cube per `(b, chunk, h)` on x, folded onto y past the device's limit.
 
 use super::scan::{carry_and_out, Chunks, CHUNK_STATE_BYTES};
-use crate::cube::buffers::{arg, contiguous_as, empty, f32_buf, fold, handle_arg, lens_buf};
+use crate::cube::buffers::{arg, contiguous_as, empty, f32_buf, fold, lens_arg, lens_buf};
 use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
@@ -127,18 +127,8 @@ type F2 = Vector<f32, Const<2>>;
 
 /// Whether the device runs bf16 `mma` at `16 × 8 × 16` into f32 and `NEMOTRON_MMA` is not `0`.
 pub fn available<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    use cubecl::ir::features::MmaConfig;
-    use cubecl::ir::{ElemType, FloatKind};
-    let bf: cubecl::ir::StorageType = ElemType::Float(FloatKind::BF16).into();
-    !crate::cube::tuning::mma_off()
-        && client.features().matmul.mma.contains(&MmaConfig {
-            a_type: bf,
-            b_type: bf,
-            cd_type: ElemType::Float(FloatKind::F32).into(),
-            m: 16,
-            n: 8,
-            k: 16,
-        })
+    let bf = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
+    crate::cube::tuning::mma_supported(client, bf, 16)
 }
 
 /// The chunk length the kernel takes for a requested one: a multiple of 16 up to
@@ -563,79 +553,61 @@ pub fn launch<R: CubeRuntime>(
     let (dt, a, d, st) = (f32_buf(dt), f32_buf(a), f32_buf(d), f32_buf(state));
     let client = x.client.clone();
     let lens = lens_buf(&client, lens);
-    let lens_arg = |a: &CubeTensor<R>| match &lens {
-        Some((hd, len)) => handle_arg(hd, *len),
-        None => arg(a),
-    };
     let ns = empty(&x, [bs, h, p, n], DType::F32);
     let y = empty(&x, [bs, t, h, p], DType::BF16);
     let l = len.div_ceil(16) * 16;
     let pw = p.div_ceil(16) * 16;
     let dim = CubeDim::new_2d(32, (l / 16) as u32);
     let grid = fold(bs * count * h);
-    if count <= 1 {
-        let unused = empty(&x, [1], DType::F32);
-        ssd_chunk_kernel::launch::<bf16, R>(
-            &client,
-            grid,
-            dim,
-            arg(&x),
-            arg(&dt),
-            arg(&a),
-            arg(&bm),
-            arg(&cm),
-            arg(&d),
-            lens_arg(&a),
-            arg(&st),
-            arg(&ns),
-            arg(&unused),
-            arg(&y),
-            bs as u32,
-            t as u32,
-            h as u32,
-            p as u32,
-            g as u32,
-            len as u32,
-            1,
-            l,
-            n,
-            pw,
-            lens.is_some(),
-            false,
-        );
+    // One chunk per sequence: `y` and the new state here. Several: f32 local outputs, chunk end
+    // states and decays, finished by the carry and out kernels.
+    let chunked = count > 1;
+    let (local, ends, decays) = if chunked {
+        (
+            empty(&x, [bs, t, h, p], DType::F32),
+            empty(&x, [bs, count, h, p, n], DType::F32),
+            empty(&x, [bs, count, h], DType::F32),
+        )
+    } else {
+        (y.clone(), ns.clone(), empty(&x, [1], DType::F32))
+    };
+    macro_rules! go {
+        ($y:ty) => {
+            ssd_chunk_kernel::launch::<$y, R>(
+                &client,
+                grid,
+                dim,
+                arg(&x),
+                arg(&dt),
+                arg(&a),
+                arg(&bm),
+                arg(&cm),
+                arg(&d),
+                lens_arg(&lens, &a),
+                arg(&st),
+                arg(&ends),
+                arg(&decays),
+                arg(&local),
+                bs as u32,
+                t as u32,
+                h as u32,
+                p as u32,
+                g as u32,
+                len as u32,
+                count as u32,
+                l,
+                n,
+                pw,
+                lens.is_some(),
+                chunked,
+            )
+        };
+    }
+    if !chunked {
+        go!(bf16);
         return (contiguous_as(y, dtype), contiguous_as(ns, state_dtype));
     }
-    let local = empty(&x, [bs, t, h, p], DType::F32);
-    let ends = empty(&x, [bs, count, h, p, n], DType::F32);
-    let decays = empty(&x, [bs, count, h], DType::F32);
-    ssd_chunk_kernel::launch::<f32, R>(
-        &client,
-        grid,
-        dim,
-        arg(&x),
-        arg(&dt),
-        arg(&a),
-        arg(&bm),
-        arg(&cm),
-        arg(&d),
-        lens_arg(&a),
-        arg(&st),
-        arg(&ends),
-        arg(&decays),
-        arg(&local),
-        bs as u32,
-        t as u32,
-        h as u32,
-        p as u32,
-        g as u32,
-        len as u32,
-        count as u32,
-        l,
-        n,
-        pw,
-        lens.is_some(),
-        true,
-    );
+    go!(f32);
     carry_and_out(
         &client,
         &local,
