@@ -1156,7 +1156,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     bm.clone(),
                     bm.clone(),
                     d.clone(),
-                    st.clone(),
+                    Some(st.clone()),
                     &[1],
                 ))
             }),

@@ -4,7 +4,7 @@
 
     python3 tools/ncu_passes.py ncu_prefill64.csv[.xz] [--top N] [--launches NAME GRID]
 
-A pass is found by its scan launches (one per Mamba layer, `--mamba-layers`, 23 on Lightning),
+A pass is found by its scan launches (`scan_rows` or `ssd_chunk`, one per Mamba layer, `--mamba-layers`, 23 on Lightning),
 extended back and forward to the `argmax_rows` launches around it. The process's first
 `--skip` kernels (2: a fill and the 44 M-element copy of the load, in every such run so far) fall
 before the first pass and are left out. Per kernel name and grid:
@@ -38,7 +38,9 @@ def main():
     ap.add_argument("--skip", type=int, default=2)
     a = ap.parse_args()
     ks = rows(a.csv)
-    scans = [i for i, k in enumerate(ks) if k[0].startswith("scan_rows")]
+    # A Mamba layer's scan: the register scan's rows kernel, or the tensor-core (SSD) chunk
+    # kernel (bf16 prompts of 1,024 tokens and more, by default).
+    scans = [i for i, k in enumerate(ks) if k[0].startswith(("scan_rows", "ssd_chunk"))]
     if len(scans) < a.mamba_layers:
         raise SystemExit(f"{len(scans)} scan launches: fewer than one pass of {a.mamba_layers}")
     first, last = scans[0], scans[a.mamba_layers - 1]

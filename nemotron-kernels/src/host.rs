@@ -280,13 +280,19 @@ fn selective_scan<F: HostPrimitive>(
     b: F,
     c: F,
     d: F,
-    state: F,
+    state: Option<F>,
     lens: &[usize],
 ) -> (F, F) {
     let (x, shape) = x.floats();
     let (bs, t, h, p) = (shape[0], shape[1], shape[2], shape[3]);
     let (bm, bshape) = b.floats();
-    let (st, s_shape) = state.floats();
+    let (st, s_shape) = match state {
+        Some(s) => s.floats(),
+        None => {
+            let s_shape = vec![bs, h, p, bshape[3]];
+            (vec![0f32; s_shape.iter().product()], s_shape)
+        }
+    };
     let dims = ScanDims {
         heads: h,
         head_dim: p,
@@ -655,13 +661,13 @@ macro_rules! host_backend {
                 b: burn::backend::tensor::FloatTensor<Self>,
                 c: burn::backend::tensor::FloatTensor<Self>,
                 d: burn::backend::tensor::FloatTensor<Self>,
-                state: burn::backend::tensor::FloatTensor<Self>,
+                state: Maybe<Self>,
                 lens: &[usize],
             ) -> (
                 burn::backend::tensor::FloatTensor<Self>,
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
-                selective_scan(x, dt, a, b, c, d, state, lens)
+                selective_scan(x, dt, a, b, c, d, state.into_option(), lens)
             }
             fn conv_step(
                 x: burn::backend::tensor::FloatTensor<Self>,

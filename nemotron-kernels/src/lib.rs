@@ -321,7 +321,9 @@ pub trait NemotronOps: Backend {
     /// The Mamba2 selective scan with the D skip, per head `h` of group `g = h / (H/G)`:
     /// `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`.
     /// `x`: `[B, T, H, P]`; `dt`: `[B, T, H]` (after softplus); `a`: `[H]` (= −exp(A_log));
-    /// `b`, `c`: `[B, T, G, N]`; `d`: `[H]`; `state`: `[B, H, P, N]` f32.
+    /// `b`, `c`: `[B, T, G, N]`; `d`: `[H]`; `state`: `[B, H, P, N]` f32, or none: every
+    /// sequence starts from the zero state (new sequences; the kernels then skip the incoming
+    /// state's terms instead of reading zeros).
     /// Returns `(y [B, T, H, P], new_state f32)`; positions `t ≥ lens[b]` leave the state
     /// untouched (`lens` empty: every sequence has `T` tokens).
     #[allow(clippy::too_many_arguments)]
@@ -332,7 +334,7 @@ pub trait NemotronOps: Backend {
         b: FloatTensor<Self>,
         c: FloatTensor<Self>,
         d: FloatTensor<Self>,
-        state: FloatTensor<Self>,
+        #[extension_type] state: Maybe<Self>,
         lens: &[usize],
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 

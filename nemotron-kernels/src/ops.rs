@@ -463,7 +463,8 @@ pub fn causal_conv1d(
     (out(y), out(s))
 }
 
-/// The selective scan with D skip and carried f32 state (see [`NemotronOps::selective_scan`]).
+/// The selective scan with D skip and carried f32 state (see [`NemotronOps::selective_scan`]);
+/// `state` `None`: every sequence starts from the zero state.
 #[allow(clippy::too_many_arguments)]
 pub fn selective_scan(
     x: Tensor<4>,
@@ -472,7 +473,7 @@ pub fn selective_scan(
     b: Tensor<4>,
     c: Tensor<4>,
     d: Tensor<1>,
-    state: Tensor<4>,
+    state: Option<Tensor<4>>,
     lens: &[usize],
 ) -> (Tensor<4>, Tensor<4>) {
     let [bs, t, h, p] = x.dims();
@@ -483,8 +484,11 @@ pub fn selective_scan(
     );
     assert_eq!(dt.dims(), [bs, t, h], "selective_scan: dt shape");
     assert_eq!(c.dims(), [bs, t, g, n], "selective_scan: C shape");
-    assert_eq!(state.dims(), [bs, h, p, n], "selective_scan: state shape");
+    if let Some(state) = &state {
+        assert_eq!(state.dims(), [bs, h, p, n], "selective_scan: state shape");
+    }
     let lens = ragged(lens, bs, t);
+    let state: Maybe<D> = state.map(|s| s.into_dispatch()).into();
     let (y, s) = <D as NemotronOps>::selective_scan(
         x.into_dispatch(),
         dt.into_dispatch(),
@@ -492,7 +496,7 @@ pub fn selective_scan(
         b.into_dispatch(),
         c.into_dispatch(),
         d.into_dispatch(),
-        state.into_dispatch(),
+        state,
         lens,
     );
     (out(y), out(s))

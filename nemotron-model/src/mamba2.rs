@@ -213,21 +213,17 @@ impl Mamba2 {
             })
             .unzip();
         // A sequence at position 0 has consumed nothing: its state is the zero state. A batch of
-        // them starts from one zero tensor (2 launches) instead of a stack of B copies (B + 1).
-        let fresh = bsz > 1 && states.iter().all(|s| s.position == 0);
-        let (conv_state, ssm_state) = if fresh {
+        // them starts the conv from one zero tensor (2 launches) instead of a stack of B copies
+        // (B + 1), and the scan from no state at all (its kernels skip the incoming state's terms).
+        let fresh = states.iter().all(|s| s.position == 0);
+        let conv_state = if fresh && bsz > 1 {
             let dev = self.a.device();
-            let ([cc, ck], [sh, sp, sn]) = (self.zero.0.dims(), self.zero.1.dims());
-            (
-                Tensor::zeros([bsz, cc, ck], (&dev, self.zero.0.dtype())),
-                Tensor::zeros([bsz, sh, sp, sn], (&dev, DType::F32)),
-            )
+            let [cc, ck] = self.zero.0.dims();
+            Tensor::zeros([bsz, cc, ck], (&dev, self.zero.0.dtype()))
         } else {
-            (
-                crate::util::stack(conv_states),
-                crate::util::stack(ssm_states),
-            )
+            crate::util::stack(conv_states)
         };
+        let ssm_state = (!fresh).then(|| crate::util::stack(ssm_states));
 
         let (xbc, conv_state) = ops::causal_conv1d(
             xbc,

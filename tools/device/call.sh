@@ -8,6 +8,8 @@
 #                where packed)
 #   tests-ops F  the ops tests whose names contain one of the comma-separated F, then deps/it's
 #                device modules and deps/memory whole
+#   itenv E     deps/it's device modules with the environment assignment E (e.g.
+#                NEMOTRON_SCAN_SSD=1: the whole-model tests with a kernel setting not the default)
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
@@ -76,6 +78,10 @@ while [ $# -gt 0 ]; do
       run tests.log $B/deps/it --ignored --test-threads 1 $IT
       [ -x $B/deps/memory ] && run tests.log $B/deps/memory --ignored --test-threads 1
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
+    itenv)
+      run tests_env.log env "$1" $B/deps/it --ignored --test-threads 1 $IT
+      grep -E "^test result|FAILED|panicked" "$OUT/tests_env.log" | tail -n 20
+      shift ;;
     b1) bench engine_b1.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 1 --no-hf --mma-min "$1"
         shift ;;

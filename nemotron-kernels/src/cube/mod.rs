@@ -5,7 +5,7 @@
 //! | family | file | ops |
 //! |---|---|---|
 //! | linear | [`linear`] (`nvfp4`, `fp8`, `dispatch`) | NVFP4 / FP8 W8A8 linears, plain or routed experts, fused epilogue |
-//! | Mamba2 | [`mamba`] (`conv`, `softplus`, `scan`) | causal conv, `softplus(dt + bias)`, selective scan (state in registers over staged time tiles) |
+//! | Mamba2 | [`mamba`] (`conv`, `softplus`, `scan`, `ssd`) | causal conv, `softplus(dt + bias)`, selective scan (state in registers over staged time tiles; bf16 prompts of 1,024 tokens and more in the chunked matrix form on tensor cores) |
 //! | MoE sort | [`moe`] | routing slots sorted by expert on the device (prefill's grouped experts) |
 //! | norm | [`norm`] | (gated) group RMSNorm |
 //! | routing | [`route`] | MoE sigmoid top-k routing, the weighted combine of the experts' outputs |
@@ -211,12 +211,16 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         b: T<R>,
         c: T<R>,
         d: T<R>,
-        state: T<R>,
+        state: Maybe<Self>,
         lens: &[usize],
     ) -> (T<R>, T<R>) {
+        let state = state.into_option();
         match mamba::ssd::chunks_for(&x, &b) {
             Some(ch) => mamba::ssd::launch(x, dt, a, b, c, d, state, lens, ch.len, ch.count),
-            None => mamba::scan::launch(x, dt, a, b, c, d, state, lens),
+            None => {
+                let state = state.unwrap_or_else(|| mamba::scan::zero_state(&x, &b));
+                mamba::scan::launch(x, dt, a, b, c, d, state, lens)
+            }
         }
     }
 

@@ -31,6 +31,24 @@ pub fn mma_supported<R: burn_cubecl::CubeRuntime>(
         })
 }
 
+/// `NEMOTRON_SCAN_SSD=N|max`: prompt tokens from which a bf16 scan takes the tensor-core (SSD)
+/// form, in place of the library's default (`max`: never) — so a whole-model test binary can run
+/// with it on or off without a rebuild.
+pub fn scan_ssd_min() -> Option<usize> {
+    static CELL: OnceLock<Option<usize>> = OnceLock::new();
+    *CELL.get_or_init(|| {
+        let v = std::env::var("NEMOTRON_SCAN_SSD").ok()?;
+        let r = match v.as_str() {
+            "max" => Some(usize::MAX),
+            n => n.parse().ok(),
+        };
+        if r.is_none() {
+            eprintln!("NEMOTRON_SCAN_SSD={v:?} ignored: expected a token count or max");
+        }
+        r
+    })
+}
+
 /// `NEMOTRON_HW_DECODE=0`: E2M1/E4M3 decoded from their bits, not by the device's conversions.
 pub fn hw_decode_off() -> bool {
     static CELL: OnceLock<bool> = OnceLock::new();

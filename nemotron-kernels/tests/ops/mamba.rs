@@ -85,6 +85,8 @@ pub fn scan_matches(arm: &Arm) {
     for n in [16, 12] {
         scan_case(arm, 4, (11, 4, 8, 2, n), &[vec![11, 4], vec![11, 11]]);
     }
+    // New sequences: no state given, the zero state taken.
+    scan_case_from(arm, 5, (11, 4, 8, 2, 16), &[vec![11, 0, 3]], false);
 }
 
 /// The register-row scan over several staged tiles: a length past two tiles and not a multiple
@@ -220,8 +222,9 @@ pub fn scan_pairs_match(arm: &Arm) {
 /// The scan on tensor cores in the chunked matrix form (`cube::mamba::ssd`): its plan on the
 /// host (every arm), and on the arm where it runs (bf16 with tensor cores: CUDA bf16) the
 /// register scan's cases through it — chunks of 16 (from a requested 3), 32 and 128 steps,
-/// ragged lengths incl. 0 and 1, an initial state, `P` padded to 16, `N` = 16 and 128, a prompt
-/// of two chunks of 128 — checked to have run in this form. Elsewhere it says the form did not
+/// ragged lengths incl. 0 and 1, an initial state, `P` padded to 16 (scalar loads of `x`) and
+/// `P` = 8, 64 (16-byte loads), `N` = 16 and 128, a prompt of two chunks of 128, new sequences
+/// without a state (one chunk and three) — checked to have run in this form. Elsewhere it says the form did not
 /// run and why (the cases then exercise the fallback only).
 pub fn scan_ssd_match(arm: &Arm) {
     let _settings = scan_lock();
@@ -264,7 +267,10 @@ pub fn scan_ssd_match(arm: &Arm) {
     })
     .unwrap();
     scan_case(arm, 14, (200, 2, 64, 1, 128), &[vec![200, 130, 0, 1]]);
-    cases += 1;
+    // New sequences (no state: the incoming state's terms skipped), one chunk and several.
+    scan_case_from(arm, 15, (128, 4, 64, 2, 128), &[vec![128, 77, 0]], false);
+    scan_case_from(arm, 16, (300, 2, 64, 1, 128), &[vec![300, 129]], false);
+    cases += 3;
     set_chunking(saved).unwrap();
     set_ssd_min(saved_min);
     let ran = ssd::launches() - before;
@@ -282,8 +288,20 @@ pub fn scan_ssd_match(arm: &Arm) {
 fn scan_case(
     arm: &Arm,
     seed: u64,
+    dims: (usize, usize, usize, usize, usize),
+    cases: &[Vec<usize>],
+) {
+    scan_case_from(arm, seed, dims, cases, true);
+}
+
+/// [`scan_case`] from a random state, or (`with_state` false) from none: new sequences, whose
+/// scan starts from the zero state.
+fn scan_case_from(
+    arm: &Arm,
+    seed: u64,
     (tm, h, p, g, n): (usize, usize, usize, usize, usize),
     cases: &[Vec<usize>],
+    with_state: bool,
 ) {
     let (href, mut rng) = (Arm::host(), Rng::new(seed, arm));
     for lens in cases {
@@ -309,7 +327,7 @@ fn scan_case(
                 ar.t(&bm, [b, tm, g, n]),
                 ar.t(&cm, [b, tm, g, n]),
                 ar.t(&d, [h]),
-                state_in.clone(),
+                with_state.then(|| state_in.clone()),
                 lens,
             );
             (host(y), host(s), host(state_in))

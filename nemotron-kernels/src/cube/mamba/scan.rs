@@ -637,6 +637,18 @@ pub fn selective_scan_kernel(
     }
 }
 
+/// The zero state `[B, H, P, N]` (f32) of a scan of `x` `[B, T, H, P]` with `b` `[B, T, G, N]`
+/// (new sequences, for the kernels that read a state).
+pub fn zero_state<R: CubeRuntime>(x: &CubeTensor<R>, b: &CubeTensor<R>) -> CubeTensor<R> {
+    let (xs, n) = (x.meta.shape(), b.meta.shape()[3]);
+    burn_cubecl::ops::numeric::zeros_client(
+        x.client.clone(),
+        x.device.clone(),
+        burn::tensor::Shape::new([xs[0], xs[2], xs[3], n]),
+        DType::F32,
+    )
+}
+
 /// The scan of `x` `[B, T, H, P]` with `dt` `[B, T, H]`, `B`/`C` `[B, T, G, N]` from `state`
 /// `[B, H, P, N]` (f32); see [`crate::NemotronOps::selective_scan`].
 #[allow(clippy::too_many_arguments)]

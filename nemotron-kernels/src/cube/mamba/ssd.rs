@@ -15,8 +15,10 @@
 //! `Y += M·X` (the accumulator layout of an `n`-tile pair is the `A` layout of a `k`-tile); the
 //! incoming state's part `C·S₀ᵀ` into the same accumulator first (scaled by `e^{la[t]}`); and the
 //! end state `(x ∘ w)ᵀ·B` with `w_s = e^{la[L−1] − la[s]} · dt_s`, split over the warps by
-//! 16 rows of `P` × up to 8 tiles of `N`. `M`, `x ∘ w` and `S₀` are rounded to bf16 as the `mma`
-//! inputs (as `mamba_ssm`'s Triton kernels round them); every sum is f32.
+//! 16 rows of `P` × up to 8 tiles of `N`. `M` and `x ∘ w` enter the `mma`s as two bf16 terms
+//! each, and so does `S₀` (`hi + lo`, ≈ 16 bits: `mamba_ssm`'s Triton kernels round them to
+//! bf16 once, which moved the tiny bf16 model past its parity band, PERF §21); every sum is
+//! f32. New sequences (no state given) skip the `C·S₀ᵀ` term and its loads.
 //!
 //! **Chunks.** A prompt of one chunk per sequence writes `y` and the new state here. Longer ones
 //! write f32 local outputs, end states and decays in the layout of [`super::scan`]'s chunked
@@ -54,26 +56,32 @@ pub fn launches() -> usize {
 }
 
 /// Prompt tokens (`B · T`) from which a bf16 scan on a device with tensor cores runs in the
-/// chunked matrix form (this module), by default: never, for now. On the H200 (PERF §21) it
-/// took 1.49 ms per layer at 64 × 128 against the register scan's 1.31 (latency-bound on its
-/// global loads at 25 % occupancy), prefill +3.1 % at 1 × 1,024, +0.3 % at 16 × 128, −1.1 % at
-/// 64 × 128; and its bf16 roundings of `M`, `x ∘ w` and `S₀` moved the tiny bf16 model past its
-/// parity band against the host (3 of 49 rows, an expert flip after ≈ 1 % drift) where the
-/// register scan stays inside. Tests and `bench --mma-min scanssd=1` run it.
-pub const SSD_MIN_TOKENS: usize = usize::MAX;
+/// chunked matrix form (this module), by default: 1,024, the smallest prompt measured. On the
+/// H200 (PERF §22), with its loads vectorized, new sequences' state terms skipped and `M` /
+/// `x ∘ w` in two bf16 terms, prefill ran +5.1 % at 1 × 1,024, +6.1 % at 16 × 128 and +6.0 % at
+/// 64 × 128 over the register scan, and the whole-model bf16 parity tests passed with it forced
+/// on (the first cut, rounding them once, did not: §21). Below it — short prompts, and the
+/// one-token forwards of `forward_one` — the register scan runs (a chunk is padded to 16 steps).
+pub const SSD_MIN_TOKENS: usize = 1024;
 
 static SSD_MIN: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(SSD_MIN_TOKENS);
+static SSD_SET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Sets the prompt tokens from which the scan takes the tensor-core form (process-wide; for
 /// tests and benchmarks; `usize::MAX`: never).
 pub fn set_ssd_min(tokens: usize) {
     SSD_MIN.store(tokens, std::sync::atomic::Ordering::Relaxed);
+    SSD_SET.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The current [`set_ssd_min`] setting.
+/// The current [`set_ssd_min`] setting; before any, `NEMOTRON_SCAN_SSD`
+/// ([`crate::cube::tuning::scan_ssd_min`]) or [`SSD_MIN_TOKENS`].
 pub fn ssd_min() -> usize {
-    SSD_MIN.load(std::sync::atomic::Ordering::Relaxed)
+    if SSD_SET.load(std::sync::atomic::Ordering::Relaxed) {
+        return SSD_MIN.load(std::sync::atomic::Ordering::Relaxed);
+    }
+    crate::cube::tuning::scan_ssd_min().unwrap_or(SSD_MIN_TOKENS)
 }
 
 /// The chunks of the tensor-core form ([`super::ssd`]) for `t` steps of `batch` sequences over
@@ -159,6 +167,25 @@ fn scaled(v: F2, s: f32) -> F2 {
     o
 }
 
+/// `v[at..at + count]` as bf16 pairs `hi` and the rounding's remainder `lo` (`hi + lo` ≈ `v`
+/// to ≈ 16 bits).
+#[cube]
+fn split(
+    v: &Array<F2>,
+    #[comptime] at: usize,
+    hi: &mut Array<Pair>,
+    lo: &mut Array<Pair>,
+    #[comptime] count: usize,
+) {
+    #[unroll]
+    for i in 0..count {
+        let f = v[at + i];
+        let h = Pair::cast_from(f);
+        hi[i] = h;
+        lo[i] = Pair::cast_from(f - F2::cast_from(h));
+    }
+}
+
 #[cube]
 fn mma_acc(
     def: &MmaDefinition<bf16, bf16, f32>,
@@ -179,12 +206,12 @@ fn mma_acc(
 /// states, decays and f32 local outputs when `chunked`, else the new state and `y` themselves.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn ssd_chunk_kernel<Y: Float>(
-    x: &[bf16],
+pub fn ssd_chunk_kernel<Y: Float, NX: Size, NB: Size>(
+    x: &[Vector<bf16, NX>],
     dt: &[f32],
     a: &[f32],
-    bm: &[bf16],
-    cm: &[bf16],
+    bm: &[Vector<bf16, NB>],
+    cm: &[Vector<bf16, NB>],
     d: &[f32],
     lens: &[u32],
     state: &[f32],
@@ -203,6 +230,8 @@ pub fn ssd_chunk_kernel<Y: Float>(
     #[comptime] pw: usize,
     #[comptime] ragged: bool,
     #[comptime] chunked: bool,
+    #[comptime] fresh: bool,
+    #[comptime] xw: usize,
 ) {
     let (t_max, h, p, g, nc) = (
         t_max as usize,
@@ -242,43 +271,103 @@ pub fn ssd_chunk_kernel<Y: Float>(
     let mut xs = Shared::<[Pair]>::new_slice(comptime!(pw * (l / 2 + PAD)));
     let mut la = Shared::<[f32]>::new_slice(l);
     let mut ds = Shared::<[f32]>::new_slice(l);
-    // Stage B and C of group `gg` (pairs along N), x transposed (pairs along time), dt; rows
-    // past the chunk's steps and columns past P are zero.
-    let mut j = tid;
-    while j < comptime!(l * (n / 2)) {
-        let r = j / comptime!(n / 2);
-        let q = j % comptime!(n / 2);
-        let mut b0 = 0.0f32;
-        let mut b1 = 0.0f32;
-        let mut c0 = 0.0f32;
-        let mut c1 = 0.0f32;
-        if r < steps {
-            let at = ((b * t_max + ts + r) * g + gg) * n + 2 * q;
-            b0 = f32::cast_from(bm[at]);
-            b1 = f32::cast_from(bm[at + 1]);
-            c0 = f32::cast_from(cm[at]);
-            c1 = f32::cast_from(cm[at + 1]);
-        }
-        bs[r * nw + q] = pair_of(b0, b1);
-        cs[r * nw + q] = pair_of(c0, c1);
-        j += threads;
+    // Stage B and C of group `gg` (pairs along N) and x transposed (pairs along time): every
+    // unit's 16-byte loads issued before its shared stores (rows are read clamped to the
+    // sequence and masked past the chunk's steps; columns past P are zero).
+    let nv = comptime!(n / 8);
+    let per_bc = comptime!(n / 16);
+    let mut vb = Array::<Vector<bf16, NB>>::new(per_bc);
+    let mut vc = Array::<Vector<bf16, NB>>::new(per_bc);
+    #[unroll]
+    for i in 0..per_bc {
+        let j = i * threads + tid;
+        let r = (j / nv).min(t_max - 1 - ts.min(t_max - 1));
+        let row = (b * t_max + ts + r) * g + gg;
+        vb[i] = bm[row * nv + j % nv];
+        vc[i] = cm[row * nv + j % nv];
     }
-    j = tid;
-    while j < comptime!(pw * (l / 2)) {
-        let pr = j % pw;
-        let s0 = 2 * (j / pw);
-        let mut v0 = 0.0f32;
-        let mut v1 = 0.0f32;
-        if pr < p {
-            if s0 < steps {
-                v0 = f32::cast_from(x[((b * t_max + ts + s0) * h + hh) * p + pr]);
+    #[unroll]
+    for i in 0..per_bc {
+        let j = i * threads + tid;
+        let (r, q) = (j / nv, j % nv);
+        let wb = Vector::<u32, Const<4>>::reinterpret(vb[i]);
+        let wc = Vector::<u32, Const<4>>::reinterpret(vc[i]);
+        let keep = r < steps;
+        #[unroll]
+        for k in 0..4usize {
+            let mut ub = wb.extract(k);
+            let mut uc = wc.extract(k);
+            if !keep {
+                ub = 0u32;
+                uc = 0u32;
             }
-            if s0 + 1 < steps {
-                v1 = f32::cast_from(x[((b * t_max + ts + s0 + 1) * h + hh) * p + pr]);
+            bs[r * nw + 4 * q + k] = Pair::reinterpret(ub);
+            cs[r * nw + 4 * q + k] = Pair::reinterpret(uc);
+        }
+    }
+    if comptime!(xw == 8) {
+        // Units over (pair of steps, 8 columns of P), the step pair fastest (conflict-free
+        // shared stores); each loads its two steps' 8 columns.
+        let pairs = comptime!(l / 2);
+        let total = comptime!(l / 2 * (pw / 8));
+        let per_x = comptime!((l / 2 * (pw / 8)).div_ceil(l / 16 * 32));
+        let pv_max = p / 8 - 1;
+        let last = t_max - 1;
+        let mut va = Array::<Vector<bf16, NX>>::new(per_x);
+        let mut vz = Array::<Vector<bf16, NX>>::new(per_x);
+        #[unroll]
+        for i in 0..per_x {
+            let j = (i * threads + tid).min(total - 1);
+            let (s0, pv) = (2 * (j % pairs), (j / pairs).min(pv_max));
+            va[i] = x[((b * t_max + (ts + s0).min(last)) * h + hh) * (p / 8) + pv];
+            vz[i] = x[((b * t_max + (ts + s0 + 1).min(last)) * h + hh) * (p / 8) + pv];
+        }
+        #[unroll]
+        for i in 0..per_x {
+            let j = i * threads + tid;
+            if j < total {
+                let (sp, pv) = (j % pairs, j / pairs);
+                let col = pv * 8 < p;
+                let (k0, k1) = (col && 2 * sp < steps, col && 2 * sp + 1 < steps);
+                let wa = Vector::<u32, Const<4>>::reinterpret(va[i]);
+                let wz = Vector::<u32, Const<4>>::reinterpret(vz[i]);
+                #[unroll]
+                for m in 0..4usize {
+                    let mut u0 = wa.extract(m);
+                    let mut u1 = wz.extract(m);
+                    if !k0 {
+                        u0 = 0u32;
+                    }
+                    if !k1 {
+                        u1 = 0u32;
+                    }
+                    let lo = (u0 & 0xFFFFu32) | (u1 << 16u32);
+                    let hi = (u0 >> 16u32) | (u1 & 0xFFFF_0000u32);
+                    xs[(pv * 8 + 2 * m) * lw + sp] = Pair::reinterpret(lo);
+                    xs[(pv * 8 + 2 * m + 1) * lw + sp] = Pair::reinterpret(hi);
+                }
             }
         }
-        xs[pr * lw + s0 / 2] = pair_of(v0, v1);
-        j += threads;
+    } else {
+        let mut j = tid;
+        while j < comptime!(pw * (l / 2)) {
+            let pr = j % pw;
+            let s0 = 2 * (j / pw);
+            let mut v0 = 0.0f32;
+            let mut v1 = 0.0f32;
+            if pr < p {
+                if s0 < steps {
+                    v0 = f32::cast_from(x[((b * t_max + ts + s0) * h + hh) * p + pr].extract(0));
+                }
+                if s0 + 1 < steps {
+                    v1 = f32::cast_from(
+                        x[((b * t_max + ts + s0 + 1) * h + hh) * p + pr].extract(0),
+                    );
+                }
+            }
+            xs[pr * lw + s0 / 2] = pair_of(v0, v1);
+            j += threads;
+        }
     }
     if tid < l {
         let mut v = 0.0f32;
@@ -332,7 +421,8 @@ pub fn ssd_chunk_kernel<Y: Float>(
         for i in 0..comptime!(2 * pw / 8) {
             yacc[i] = F2::new(0.0f32);
         }
-        let first = c == 0;
+        // The incoming state's terms: the first chunk of a sequence that has one.
+        let first = c == 0 && comptime!(!fresh);
         #[unroll]
         for kk in 0..comptime!(n / 16) {
             let mut ra = Array::<Pair>::new(4usize);
@@ -350,22 +440,33 @@ pub fn ssd_chunk_kernel<Y: Float>(
                     mma_acc(&def, &ra, &rb, &mut gacc, jt);
                 }
             }
-            // C·S₀ᵀ (the first chunk's incoming state): column p of `B` is state row p.
-            if first {
+            // C·S₀ᵀ (the first chunk's incoming state): column p of `B` is state row p, as two
+            // bf16 terms (hi + lo, as M below).
+            if comptime!(!fresh) && first {
                 #[unroll]
                 for jp in 0..pt {
                     let pc = jp * 8 + gq;
                     let base = ((b * h + hh) * p + pc.min(p - 1)) * n + kk * 16 + 2 * tq;
                     let m = if pc < p { 1.0f32 } else { 0.0f32 };
-                    let mut rb = Array::<Pair>::new(2usize);
-                    rb[0] = pair_of(state[base] * m, state[base + 1] * m);
-                    rb[1] = pair_of(state[base + 8] * m, state[base + 9] * m);
-                    mma_acc(&def, &ra, &rb, &mut yacc, jp);
+                    let mut sv = Array::<F2>::new(2usize);
+                    let mut s0 = F2::empty();
+                    s0.insert(0usize, state[base] * m);
+                    s0.insert(1usize, state[base + 1] * m);
+                    let mut s1 = F2::empty();
+                    s1.insert(0usize, state[base + 8] * m);
+                    s1.insert(1usize, state[base + 9] * m);
+                    sv[0] = s0;
+                    sv[1] = s1;
+                    let mut hi = Array::<Pair>::new(2usize);
+                    let mut lo = Array::<Pair>::new(2usize);
+                    split(&sv, 0usize, &mut hi, &mut lo, 2usize);
+                    mma_acc(&def, &ra, &hi, &mut yacc, jp);
+                    mma_acc(&def, &ra, &lo, &mut yacc, jp);
                 }
             }
         }
         let (laa, lab) = (la[rowa], la[rowb]);
-        if first {
+        if comptime!(!fresh) && first {
             let (ea, eb) = (laa.exp(), lab.exp());
             #[unroll]
             for jp in 0..pt {
@@ -398,20 +499,21 @@ pub fn ssd_chunk_kernel<Y: Float>(
                 gacc[2 * jt + 1] = mb;
             }
         }
+        // M as two bf16 terms (hi + lo: ≈ 16 bits, the register scan's precision to within
+        // f32 sums), each an `mma` against the same `X`.
         #[unroll]
         for k2 in 0..comptime!(l / 16) {
             if k2 <= warp {
                 let mut ra = Array::<Pair>::new(4usize);
-                ra[0] = Pair::cast_from(gacc[4 * k2]);
-                ra[1] = Pair::cast_from(gacc[4 * k2 + 1]);
-                ra[2] = Pair::cast_from(gacc[4 * k2 + 2]);
-                ra[3] = Pair::cast_from(gacc[4 * k2 + 3]);
+                let mut rl = Array::<Pair>::new(4usize);
+                split(&gacc, 4 * k2, &mut ra, &mut rl, 4usize);
                 #[unroll]
                 for jp in 0..pt {
                     let mut rb = Array::<Pair>::new(2usize);
                     rb[0] = xs[(jp * 8 + gq) * lw + k2 * 8 + tq];
                     rb[1] = xs[(jp * 8 + gq) * lw + k2 * 8 + 4 + tq];
                     mma_acc(&def, &ra, &rb, &mut yacc, jp);
+                    mma_acc(&def, &rl, &rb, &mut yacc, jp);
                 }
             }
         }
@@ -471,11 +573,15 @@ pub fn ssd_chunk_kernel<Y: Float>(
                 w0.insert(i, (lend - la[s0 + i]).exp() * ds[s0 + i]);
                 w1.insert(i, (lend - la[s0 + 8 + i]).exp() * ds[s0 + 8 + i]);
             }
+            // x ∘ w as two bf16 terms (as M above).
+            let mut xw4 = Array::<F2>::new(4usize);
+            xw4[0] = F2::cast_from(xs[pa * lw + kk * 8 + tq]) * w0;
+            xw4[1] = F2::cast_from(xs[pb * lw + kk * 8 + tq]) * w0;
+            xw4[2] = F2::cast_from(xs[pa * lw + kk * 8 + 4 + tq]) * w1;
+            xw4[3] = F2::cast_from(xs[pb * lw + kk * 8 + 4 + tq]) * w1;
             let mut ra = Array::<Pair>::new(4usize);
-            ra[0] = Pair::cast_from(F2::cast_from(xs[pa * lw + kk * 8 + tq]) * w0);
-            ra[1] = Pair::cast_from(F2::cast_from(xs[pb * lw + kk * 8 + tq]) * w0);
-            ra[2] = Pair::cast_from(F2::cast_from(xs[pa * lw + kk * 8 + 4 + tq]) * w1);
-            ra[3] = Pair::cast_from(F2::cast_from(xs[pb * lw + kk * 8 + 4 + tq]) * w1);
+            let mut rl = Array::<Pair>::new(4usize);
+            split(&xw4, 0usize, &mut ra, &mut rl, 4usize);
             #[unroll]
             for jn in 0..ngs {
                 // Column `nc` of `B` (k = steps s0, s0 + 1 and s0 + 8, s0 + 9): one half of a pair.
@@ -496,6 +602,7 @@ pub fn ssd_chunk_kernel<Y: Float>(
                 rb[0] = pair_of(e[0], e[1]);
                 rb[1] = pair_of(e[2], e[3]);
                 mma_acc(&def, &ra, &rb, &mut sacc, jn);
+                mma_acc(&def, &rl, &rb, &mut sacc, jn);
             }
         }
         #[unroll]
@@ -508,7 +615,7 @@ pub fn ssd_chunk_kernel<Y: Float>(
                     let ncol = (ngi * ngs + jn) * 8 + 2 * tq + i;
                     if pr < p {
                         let mut v = sacc[2 * jn + hr].extract(i);
-                        if c == 0 {
+                        if comptime!(!fresh) && c == 0 {
                             v += dall * state[((b * h + hh) * p + pr) * n + ncol];
                         }
                         new_state[(srow + pr) * n + ncol] = v;
@@ -524,8 +631,9 @@ pub fn ssd_chunk_kernel<Y: Float>(
 }
 
 /// The scan of `x` `[B, T, H, P]` (bf16) in chunks of `len` steps (a multiple of 16 up to
-/// [`SSD_MAX_CHUNK`], `count` of them: [`chunks_for`]). Returns `y` and the new state, as
-/// [`super::scan::launch`].
+/// [`SSD_MAX_CHUNK`], `count` of them: [`chunks_for`]) from `state`, or from the zero state
+/// (`None`: new sequences; the incoming state's terms are then not computed). Returns `y` and
+/// the new state, as [`super::scan::launch`].
 #[allow(clippy::too_many_arguments)]
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
@@ -534,13 +642,21 @@ pub fn launch<R: CubeRuntime>(
     b: CubeTensor<R>,
     c: CubeTensor<R>,
     d: CubeTensor<R>,
-    state: CubeTensor<R>,
+    state: Option<CubeTensor<R>>,
     lens: &[usize],
     len: usize,
     count: usize,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (dtype, state_dtype) = (x.dtype, state.dtype);
+    let dtype = x.dtype;
+    let fresh = state.is_none();
+    // Several chunks: the carry kernel reads the incoming state of a sequence of no steps.
+    let state = match state {
+        Some(s) => Some(s),
+        None if count > 1 => Some(super::scan::zero_state(&x, &b)),
+        None => None,
+    };
+    let state_dtype = state.as_ref().map_or(DType::F32, |s| s.dtype);
     let xs = x.meta.shape().clone();
     let (bs, t, h, p) = (xs[0], xs[1], xs[2], xs[3]);
     let bsh = b.meta.shape().clone();
@@ -550,7 +666,11 @@ pub fn launch<R: CubeRuntime>(
         contiguous_as(b, DType::BF16),
         contiguous_as(c, DType::BF16),
     );
-    let (dt, a, d, st) = (f32_buf(dt), f32_buf(a), f32_buf(d), f32_buf(state));
+    let (dt, a, d) = (f32_buf(dt), f32_buf(a), f32_buf(d));
+    // Without a state the kernel reads none: `a` stands in for the argument.
+    let st = state.map_or_else(|| a.clone(), f32_buf);
+    // x in 16-byte vectors where P allows; B and C always (N is a multiple of 16).
+    let xw = if p % 8 == 0 { 8 } else { 1 };
     let client = x.client.clone();
     let lens = lens_buf(&client, lens);
     let ns = empty(&x, [bs, h, p, n], DType::F32);
@@ -577,6 +697,8 @@ pub fn launch<R: CubeRuntime>(
                 &client,
                 grid,
                 dim,
+                xw,
+                8,
                 arg(&x),
                 arg(&dt),
                 arg(&a),
@@ -600,6 +722,8 @@ pub fn launch<R: CubeRuntime>(
                 pw,
                 lens.is_some(),
                 chunked,
+                fresh,
+                xw,
             )
         };
     }
