@@ -360,9 +360,8 @@ pub fn ssd_chunk_kernel<Y: Float, NX: Size, NB: Size>(
                     v0 = f32::cast_from(x[((b * t_max + ts + s0) * h + hh) * p + pr].extract(0));
                 }
                 if s0 + 1 < steps {
-                    v1 = f32::cast_from(
-                        x[((b * t_max + ts + s0 + 1) * h + hh) * p + pr].extract(0),
-                    );
+                    v1 =
+                        f32::cast_from(x[((b * t_max + ts + s0 + 1) * h + hh) * p + pr].extract(0));
                 }
             }
             xs[pr * lw + s0 / 2] = pair_of(v0, v1);
