@@ -333,6 +333,108 @@ fn tile_shapes_stage_every_thread() {
     assert_eq!(tile_warps(8, 1), 4);
 }
 
+/// The linear plan (`cube::linear::plan`) at the Lightning shapes with the default settings, on a
+/// device with tensor cores and without: each tier where the thresholds put it, and the limits
+/// that push a call down a tier (the grid's y for expert groups, `k` for the expert-major and
+/// FP8 vector GEMVs, the activation dtype, `k` not a multiple of the chunk).
+#[test]
+fn linear_plan_picks_each_tier() {
+    use nemotron_kernels::cube::linear::grouped::GROUPED_MIN_SLOTS;
+    use nemotron_kernels::cube::linear::mma::{MmaMin, FP8_INQ_MAX_ROWS};
+    use nemotron_kernels::cube::linear::plan::{
+        plan, Format, Limits, LinearPath as P, LinearShape, MmaForm,
+    };
+    let tc = Limits {
+        mma: true,
+        min: MmaMin::default(),
+        grouped_min: GROUPED_MIN_SLOTS,
+        inq_max: FP8_INQ_MAX_ROWS,
+    };
+    let none = Limits { mma: false, ..tc };
+    let call = |format, slots, k, routed, experts| LinearShape {
+        format,
+        bf16: true,
+        slots,
+        k,
+        routed,
+        experts,
+    };
+    let path = |s: LinearShape, l: &Limits| plan(&s, l).path;
+    // Routed NVFP4 experts (2688 → 1856, 128 experts, 6 slots a token).
+    let up = |slots| call(Format::Nvfp4, slots, 2688, true, 128);
+    assert_eq!(path(up(3), &tc), P::Gemv, "below the slot-major threshold");
+    assert_eq!(path(up(6), &tc), P::Mma(MmaForm::SlotMajor), "batch 1");
+    assert_eq!(path(up(96), &tc), P::Mma(MmaForm::Grouped), "batch 16");
+    assert_eq!(
+        path(up(6144), &tc),
+        P::Tiled { grouped: true },
+        "a 1K prompt"
+    );
+    let many = call(Format::Nvfp4, 6144, 2688, true, 70_000);
+    assert_eq!(
+        path(many, &tc),
+        P::Mma(MmaForm::SlotMajor),
+        "experts past grid y"
+    );
+    assert_eq!(path(up(6144), &none), P::Gemv, "no tensor cores");
+    let em = Limits {
+        grouped_min: 32,
+        ..none
+    };
+    assert_eq!(path(up(96), &em), P::ExpertMajor);
+    let wide = call(Format::Nvfp4, 96, 4128, true, 128);
+    assert_eq!(path(wide, &em), P::Gemv, "k past the expert-major GEMV");
+    // Plain NVFP4 rows (the shared expert).
+    let sh = |slots| call(Format::Nvfp4, slots, 2688, false, 1);
+    assert_eq!(path(sh(1), &tc), P::Gemv);
+    assert_eq!(path(sh(2), &tc), P::SmallM, "below the tensor-core rows");
+    assert_eq!(path(sh(16), &tc), P::Mma(MmaForm::Rows));
+    assert_eq!(path(sh(1024), &tc), P::Tiled { grouped: false });
+    assert_eq!(path(sh(1024), &none), P::SmallM);
+    let f32_rows = LinearShape {
+        bf16: false,
+        ..sh(1024)
+    };
+    assert_eq!(path(f32_rows, &tc), P::SmallM, "f32 activations");
+    assert_eq!(
+        path(call(Format::Nvfp4, 1024, 40, false, 1), &tc),
+        P::Scalar
+    );
+    // FP8 (in_proj 2688 → 10304): the tensor cores from one row; tiled only when asked.
+    let fp = |slots, k| call(Format::Fp8, slots, k, false, 1);
+    assert_eq!(path(fp(1, 2688), &tc), P::Mma(MmaForm::Rows));
+    assert_eq!(path(fp(1024, 2688), &tc), P::Mma(MmaForm::Rows));
+    let tiled = Limits {
+        min: MmaMin {
+            fp8_tile: 1,
+            ..MmaMin::default()
+        },
+        ..tc
+    };
+    assert_eq!(path(fp(1024, 2688), &tiled), P::Tiled { grouped: false });
+    assert_eq!(
+        path(fp(1, 2688), &tiled),
+        P::Mma(MmaForm::Rows),
+        "one row quantized in-kernel"
+    );
+    assert_eq!(path(fp(2, 2688), &none), P::SmallM);
+    assert_eq!(path(fp(1, 2688), &none), P::Gemv);
+    assert_eq!(
+        path(fp(1, 20_000), &none),
+        P::Scalar,
+        "k past the vector GEMV"
+    );
+    assert_eq!(path(fp(1, 40), &tc), P::Scalar, "k not a multiple of 16");
+    let routed_fp8 = call(Format::Fp8, 96, 2688, true, 8);
+    assert_eq!(
+        path(routed_fp8, &tc),
+        P::Gemv,
+        "no routed FP8 tensor-core path"
+    );
+    // Every plan says why.
+    assert!(!plan(&up(6144), &tc).reason.is_empty());
+}
+
 /// The kernel settings' text form (`bench --mma-min`): each key lands in its own field, the
 /// `ROWS,SLOTS` form sets the thresholds it names and leaves the rest at the defaults, and bad
 /// items are refused naming the item.

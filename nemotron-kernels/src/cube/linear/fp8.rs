@@ -8,6 +8,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
+use super::plan::{Format, LinearPath};
 use super::{e4m3, e4m3_round, e4m3_scaled, e4m3x4, epilogue, hw_decode, lane_sum, store3, Call};
 use crate::cube::buffers::{arg, elemwise, empty, f32_buf, with_float};
 use crate::cube::reduce::row_sum;
@@ -83,7 +84,7 @@ pub fn fp8_linear_kernel<F: Float>(
 }
 
 /// Activations the vector kernel quantizes into shared memory per cube (f32 each: 48 KiB).
-const MAX_SHARED_K: usize = 12_288;
+const MAX_SHARED_K: usize = super::plan::FP8_GEMV_MAX_K;
 
 /// Weight chunks a lane of the vector GEMV holds at once (`rows × group`, 16 bytes each; the
 /// activations are read from shared memory as they are used).
@@ -402,15 +403,21 @@ pub fn launch3<R: CubeRuntime>(
     (c.y, c.y1, c.y2)
 }
 
-/// Launches the tensor-core path ([`super::mma`]), the small-M, vector or scalar kernel for `c`.
+/// Launches the kernel [`super::plan`] chooses for `c`: the tensor-core paths ([`super::mma`],
+/// [`super::tile`]), the small-M, vector or scalar kernel.
 fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
-    if super::mma::fp8(c, &w) {
-        return;
+    let path = c.plan(Format::Fp8, 1).path;
+    match path {
+        LinearPath::Tiled { .. } | LinearPath::Mma(_) => {
+            super::mma::fp8(c, &w, matches!(path, LinearPath::Tiled { .. }));
+            return;
+        }
+        _ => {}
     }
     let (sa, sb) = c.split_args();
     let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
     let hw = hw_decode(&c.x.client);
-    if c.k % 16 == 0 && !c.routed && c.slots >= 2 {
+    if path == LinearPath::SmallM {
         let len = c.slots * c.k;
         let xq = empty(&c.x, [c.slots, c.k], c.dtype);
         let (count, dim) = elemwise(len);
@@ -461,7 +468,7 @@ fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
         with_float!(c.dtype, small);
         return;
     }
-    if c.k % 16 == 0 && c.k <= MAX_SHARED_K {
+    if path == LinearPath::Gemv {
         let r = rows_per_unit_row(c.n, c.slots);
         let group = gemv_group(c.k / 16, r, FP8_CHUNK_BUDGET);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);

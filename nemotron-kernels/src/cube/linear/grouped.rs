@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// `bench --kernels` both ways before it is turned on. [`set_grouped_min_slots`] changes it.
 pub const GROUPED_MIN_SLOTS: usize = usize::MAX;
 
-/// Weight chunks a lane holds (the whole of its share of a row: `in ≤ 32 · 32 · 4 = 4096`).
-const MAX_GROUP: usize = 4;
+// A lane holds its whole share of a row: `group ≤ 4` chunks, `in` ≤
+// `super::plan::EXPERT_MAJOR_MAX_K` (the plan keeps larger calls off this path).
 
 static MIN_SLOTS: AtomicUsize = AtomicUsize::new(GROUPED_MIN_SLOTS);
 
@@ -216,17 +216,14 @@ pub(crate) fn group_in_one_cube<R: CubeRuntime>(
     (counts, members)
 }
 
-/// The expert-major launch for a routed call of [`GROUPED_MIN_SLOTS`]+ slots with `k % 32 == 0`:
-/// the grouping kernel, then the GEMV over `(row block, expert)` cubes. Returns `None` where it
-/// does not apply.
+/// The expert-major launch of a routed call as [`super::plan`] chose it ([`GROUPED_MIN_SLOTS`]+
+/// slots, `k % 32 == 0`, `k` ≤ [`super::plan::EXPERT_MAJOR_MAX_K`]): the grouping kernel, then the GEMV over
+/// `(row block, expert)` cubes. `None` for a call without expert ids.
 pub(crate) fn launch<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
 ) -> Option<CubeTensor<R>> {
     let group = (c.k / 32).div_ceil(32);
-    if !c.routed || c.slots < grouped_min_slots() || c.k % 32 != 0 || group > MAX_GROUP {
-        return None;
-    }
     let hw = hw_decode(&c.x.client);
     let experts = c.experts.as_ref()?;
     let n_experts = w.shape.experts;

@@ -33,12 +33,12 @@
 //! and sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose
 //! expert has no slot leaves at once.
 
-use super::super::buffers::{
-    arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz, MAX_CUBES,
-};
+use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
 use super::frag::{block_end, chunk_load, e2m1_pair, nvfp4_load, tiles, Fp8E4m3};
 pub use super::frag::{blocks, BLOCK_PASSES};
 use super::grouped::group_in_one_cube;
+use super::plan::{Format, LinearPath, MmaForm};
+pub use super::plan::{MmaMin, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN};
 use super::{e4m3, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
 use burn::tensor::{bf16, DType};
@@ -71,16 +71,6 @@ fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
     kw
 }
 
-/// Rows of `x` from which a plain NVFP4 or dense linear, and slot-major routing, run on the
-/// tensor cores (bf16, CUDA).
-pub const MMA_MIN_ROWS: usize = 4;
-/// Rows of `x` from which a plain FP8 linear runs on the tensor cores: every row. At batch 1
-/// the `mma` over one token of eight still beat the FP8 GEMV in the whole Lightning step on the
-/// H200 (3.15 → 2.91 ms per token after a 1K prompt; the GEMV is issue-bound on its decode).
-pub const MMA_FP8_MIN_ROWS: usize = 1;
-/// Routing slots from which routed NVFP4 experts run on the tensor cores, grouped by expert.
-pub const MMA_MIN_SLOTS: usize = 32;
-
 /// Routing slots up to which one cube groups the slots by expert (`group_in_one_cube`, the ids
 /// staged in shared memory, compiled per slot count: decode batches, a few padded sizes).
 /// Larger routed calls (prefill) sort on the device ([`crate::cube::moe::group`]).
@@ -99,45 +89,6 @@ pub fn set_sort_min_slots(slots: usize) {
 pub fn sort_min_slots() -> usize {
     SORT_MIN_SLOTS.load(Ordering::Relaxed)
 }
-
-/// Where each tensor-core path starts (`usize::MAX`: never): plain linears by rows of `x` and
-/// weight kind, routed NVFP4 experts by routing slots — slot-major (one token per cube) from
-/// `slot_major`, grouped by expert from `grouped`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MmaMin {
-    pub nvfp4: usize,
-    pub fp8: usize,
-    pub dense: usize,
-    pub slot_major: usize,
-    pub grouped: usize,
-    /// Plain NVFP4 rows, and grouped routing slots, from which NVFP4 runs the tiled kernel
-    /// ([`super::tile`]: activations staged in shared memory, 64 weight rows per cube).
-    pub tile: usize,
-    /// Plain FP8 rows (quantized apart) from which FP8 runs the tiled kernel
-    /// ([`super::tile::fp8_tile_kernel()`]). Off by default: on the H200 it measured no faster
-    /// than [`fp8_mma_kernel()`] at 1,024 rows (`in_proj` 0.338 against 0.333 ms per layer,
-    /// `out_proj` 0.145 against 0.121; PERF §17).
-    pub fp8_tile: usize,
-}
-
-impl Default for MmaMin {
-    fn default() -> Self {
-        MmaMin {
-            nvfp4: MMA_MIN_ROWS,
-            fp8: MMA_FP8_MIN_ROWS,
-            dense: MMA_MIN_ROWS,
-            slot_major: MMA_MIN_ROWS,
-            grouped: MMA_MIN_SLOTS,
-            tile: MMA_TILE_MIN,
-            fp8_tile: usize::MAX,
-        }
-    }
-}
-
-/// Plain rows / grouped routing slots from which NVFP4 runs the tiled kernel (the default of
-/// [`MmaMin::tile`]): prefill sizes only, so decode batches keep the kernels they were tuned
-/// with.
-pub const MMA_TILE_MIN: usize = 512;
 
 static MIN: [AtomicUsize; 7] = [
     AtomicUsize::new(MMA_MIN_ROWS),
@@ -912,11 +863,6 @@ pub fn dense_mma_kernel<NW: Size>(
 
 /// Whether an NVFP4 call of `rows` plain rows or `slots` grouped routing slots runs the tiled
 /// kernel: from [`MmaMin::tile`].
-fn tile_applies(c: &Call<impl CubeRuntime>, grouped: bool) -> bool {
-    let min = mma().tile;
-    (grouped || !c.routed) && c.slots >= min
-}
-
 fn grid(n: usize, experts: usize) -> CubeCount {
     CubeCount::Static(n.div_ceil(16) as u32, experts as u32, 1)
 }
@@ -1043,32 +989,15 @@ pub fn tuning() -> MmaTuning {
     }
 }
 
-/// The tensor-core launch of an NVFP4 call, where it applies (bf16, `k % 32 == 0`, CUDA `mma`,
-/// enough rows or slots): `None` otherwise.
+/// The tensor-core launch of an NVFP4 call in `form`, as [`super::plan`] chose it (bf16,
+/// `k % 32 == 0`, CUDA `mma`, enough rows or slots; grouped: `E` within the grid's y limit):
+/// `None` for a routed call without expert ids.
 pub(crate) fn nvfp4<R: CubeRuntime>(
     c: &Call<R>,
     w: &Nvfp4Weights<CubeBackend<R>>,
+    form: MmaForm,
 ) -> Option<CubeTensor<R>> {
-    let min = mma();
-    // Grouped by expert at any slot count (one grid row per expert, within the y limit).
-    let grouped = c.routed && c.slots >= min.grouped && w.shape.experts <= MAX_CUBES;
-    // Routed calls below the grouping threshold run slot-major: one token per cube.
-    let enough = if c.routed {
-        grouped || c.slots >= min.slot_major
-    } else {
-        c.slots >= min.nvfp4
-    };
-    let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
-    if c.dtype != DType::BF16
-        || c.k % 32 != 0
-        || !enough
-        || !crate::cube::tuning::mma_supported(&c.x.client, bf16_mma, 16)
-    {
-        return None;
-    }
-    if tile_applies(c, grouped) {
-        return super::tile::nvfp4(c, w, sort_min_slots(), tuning().tile_shape());
-    }
+    let grouped = form == MmaForm::Grouped;
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
     let (counts, members, experts, nt) = if c.routed && !grouped {
@@ -1163,11 +1092,11 @@ pub(crate) struct GatedNorm<R: CubeRuntime> {
     pub eps: f32,
 }
 
-/// The tensor-core launch of a plain FP8 call, where it applies (bf16, `k % 16 == 0`, CUDA E4M3
-/// `mma`, enough rows): the rows quantized to E4M3 bytes once, then the `mma` kernel. `false`
-/// where it does not apply.
-pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> bool {
-    fp8_with(c, w, None)
+/// The tensor-core launch of a plain FP8 call, as [`super::plan`] chose it (bf16,
+/// `k % 16 == 0`, CUDA E4M3 `mma`, enough rows): a few rows quantized inside the kernel, more to
+/// E4M3 bytes once first, then the `mma` kernel, or the tiled one when `tiled`.
+pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, tiled: bool) {
+    fp8_with(c, w, None, tiled)
 }
 
 /// [`fp8`] of `rms_norm(x, gate)` with the norm computed by every cube in its prologue (one
@@ -1180,7 +1109,9 @@ pub(crate) fn fp8_gated<R: CubeRuntime>(
     norm: &GatedNorm<R>,
 ) -> bool {
     let inq_one = c.slots == 1 && INQ_MAX_ROWS.load(Ordering::Relaxed) >= 1 && c.k / 4 <= 4096;
-    if !inq_one
+    let planned = c.plan(Format::Fp8, 1).path == LinearPath::Mma(MmaForm::Rows);
+    if !planned
+        || !inq_one
         || norm.group == 0
         || norm.group % 128 != 0
         || c.k % norm.group != 0
@@ -1190,23 +1121,16 @@ pub(crate) fn fp8_gated<R: CubeRuntime>(
     {
         return false;
     }
-    fp8_with(c, w, Some(norm))
+    fp8_with(c, w, Some(norm), false);
+    true
 }
 
 fn fp8_with<R: CubeRuntime>(
     c: &Call<R>,
     w: &Fp8Weights<CubeBackend<R>>,
     norm: Option<&GatedNorm<R>>,
-) -> bool {
-    let e4m3_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::E4M3).into();
-    if c.routed
-        || c.dtype != DType::BF16
-        || c.k % 16 != 0
-        || c.slots < mma().fp8
-        || !crate::cube::tuning::mma_supported(&c.x.client, e4m3_mma, 32)
-    {
-        return false;
-    }
+    tiled: bool,
+) {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
     let (is, ws) = (
@@ -1246,9 +1170,9 @@ fn fp8_with<R: CubeRuntime>(
         );
         xq
     };
-    if inq == 0 && c.slots >= mma().fp8_tile {
+    if tiled && inq == 0 {
         super::tile::fp8(c, &xq, &w.weight, &is, &ws, tuning().tile_shape());
-        return true;
+        return;
     }
     let nt = tiles(c.slots);
     let (block, nblocks) = blocks(c.slots, nt);
@@ -1294,7 +1218,6 @@ fn fp8_with<R: CubeRuntime>(
             norm.is_some(),
         )
     };
-    true
 }
 
 /// The tensor-core launch of a dense bf16 linear `x [M, K] · w [N, K]ᵀ`, where it applies (both

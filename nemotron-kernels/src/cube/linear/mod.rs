@@ -8,6 +8,7 @@ pub mod frag;
 pub mod grouped;
 pub mod mma;
 pub mod nvfp4;
+pub mod plan;
 pub mod tile;
 
 use super::buffers::{arg, empty, float_buf, i32_buf};
@@ -319,6 +320,35 @@ impl<R: CubeRuntime> Call<R> {
         let part =
             |range: std::ops::Range<usize>| into_contiguous(slice(y.clone(), &[0..r, range]));
         (part(0..a), part(a..b), part(b..n))
+    }
+
+    /// This call's path ([`plan::plan`]) on its device with the current settings, `experts`
+    /// the weight stack's.
+    pub fn plan(&self, format: plan::Format, experts: usize) -> plan::LinearPlan {
+        use cubecl::ir::{ElemType, FloatKind};
+        let (kind, k) = match format {
+            plan::Format::Nvfp4 => (FloatKind::BF16, 16),
+            plan::Format::Fp8 => (FloatKind::E4M3, 32),
+        };
+        let shape = plan::LinearShape {
+            format,
+            bf16: self.dtype == DType::BF16,
+            slots: self.slots,
+            k: self.k,
+            routed: self.routed,
+            experts,
+        };
+        let limits = plan::Limits {
+            mma: crate::cube::tuning::mma_supported(
+                &self.x.client,
+                ElemType::Float(kind).into(),
+                k,
+            ),
+            min: mma::mma(),
+            grouped_min: grouped::grouped_min_slots(),
+            inq_max: mma::fp8_inq_max(),
+        };
+        plan::plan(&shape, &limits)
     }
 
     /// The expert index buffer (the activations stand in when unrouted: never read).

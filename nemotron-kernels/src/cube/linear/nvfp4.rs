@@ -10,6 +10,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
+use super::plan::{Format, LinearPath};
 use super::{
     byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, store3, word_dot,
     word_dot_f16, Call,
@@ -384,14 +385,25 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
-    if let Some(y) = super::mma::nvfp4(&c, &w) {
-        return y;
-    }
-    if let Some(y) = super::grouped::launch(&c, &w) {
-        return y;
-    }
-    run(&c, &w);
-    c.y
+    let launched = match c.plan(Format::Nvfp4, s.experts).path {
+        LinearPath::Tiled { .. } => super::tile::nvfp4(
+            &c,
+            &w,
+            super::mma::sort_min_slots(),
+            super::mma::tuning().tile_shape(),
+        ),
+        LinearPath::Mma(form) => super::mma::nvfp4(&c, &w, form),
+        LinearPath::ExpertMajor => super::grouped::launch(&c, &w),
+        path => {
+            run(&c, &w, path);
+            return c.y;
+        }
+    };
+    // A planned launch that could not be made (a routed call without expert ids): the GEMVs.
+    launched.unwrap_or_else(|| {
+        run(&c, &w, LinearPath::Gemv);
+        c.y
+    })
 }
 
 /// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
@@ -405,16 +417,24 @@ pub fn launch3<R: CubeRuntime>(
         return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
     }
     let c = Call::new3(x, widths);
-    if super::mma::nvfp4(&c, &w).is_none() {
-        run(&c, &w);
+    match c.plan(Format::Nvfp4, w.shape.experts).path {
+        LinearPath::Tiled { .. } => {
+            let shape = super::mma::tuning().tile_shape();
+            super::tile::nvfp4(&c, &w, super::mma::sort_min_slots(), shape);
+        }
+        LinearPath::Mma(form) => {
+            super::mma::nvfp4(&c, &w, form);
+        }
+        path => run(&c, &w, path),
     }
     (c.y, c.y1, c.y2)
 }
 
-/// Launches the small-M, vector or scalar kernel for `c` (not the expert-major path).
-fn run<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>) {
+/// Launches the small-M, vector (`Gemv`, and the expert-major path's fallback) or scalar kernel
+/// for `c`.
+fn run<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>, path: LinearPath) {
     let (sa, sb) = c.split_args();
-    if c.k % 32 == 0 && !c.routed && c.slots >= 2 {
+    if path == LinearPath::SmallM {
         let mrows = small_m_rows(c.slots);
         let group = gemv_group(c.k / 32, 1, NVFP4_CHUNK_BUDGET / 2);
         let hw = hw_decode(&c.x.client);
@@ -455,7 +475,7 @@ fn run<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>) {
         with_float!(c.dtype, small);
         return;
     }
-    if c.k % 32 == 0 {
+    if path != LinearPath::Scalar {
         let r = rows_per_unit_row(c.n, c.slots);
         let group = gemv_group(c.k / 32, r, NVFP4_CHUNK_BUDGET);
         let hw = hw_decode(&c.x.client);
