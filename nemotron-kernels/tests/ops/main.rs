@@ -435,6 +435,26 @@ fn linear_plan_picks_each_tier() {
     assert!(!plan(&up(6144), &tc).reason.is_empty());
 }
 
+/// The decode attention form (`attention::decode::plan`): the form asked for where it fits —
+/// Lightning's 32 query heads over 2 kv heads at head dim 128 keep the GQA form — the split form
+/// where a GQA group's rows pass its shared memory, and the unfused one where the head dim does
+/// not divide the split cube's units.
+#[test]
+fn attention_plan_keeps_each_form_where_it_fits() {
+    use nemotron_kernels::cube::attention::decode::{plan, AttnForm as F};
+    assert_eq!(plan(F::Gqa, 32, 2, 128), F::Gqa);
+    assert_eq!(plan(F::Split, 32, 2, 128), F::Split);
+    assert_eq!(plan(F::Unfused, 32, 2, 128), F::Unfused);
+    // A group of 64 query heads: 64 · (128 + 128 + 128) · 4 bytes = 96 KiB > 40 KiB.
+    assert_eq!(plan(F::Gqa, 64, 1, 128), F::Split);
+    assert_eq!(
+        plan(F::Gqa, 32, 2, 96),
+        F::Unfused,
+        "96 does not divide 128 units"
+    );
+    assert_eq!(plan(F::Split, 4, 1, 3), F::Unfused);
+}
+
 /// The kernel settings' text form (`bench --mma-min`): each key lands in its own field, the
 /// `ROWS,SLOTS` form sets the thresholds it names and leaves the rest at the defaults, and bad
 /// items are refused naming the item.

@@ -663,6 +663,23 @@ pub enum AttnForm {
     Unfused,
 }
 
+/// The form that runs when `asked` is set, for `heads` query heads over `kv_heads`, head dim
+/// `hd` (pure; tested on the host): the GQA form where its cube's shared memory holds the
+/// group's rows (`r` query rows, `r` unit sums and two `r × CHUNK` score arrays), else the split
+/// form; either fused form only where the head dim divides the split cube's units, else the
+/// unfused one.
+pub fn plan(asked: AttnForm, heads: usize, kv_heads: usize, hd: usize) -> AttnForm {
+    let group = heads / kv_heads.max(1);
+    let gqa_bytes = group * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4;
+    if !split_applies(hd) {
+        AttnForm::Unfused
+    } else if asked == AttnForm::Gqa && gqa_bytes > GQA_SHARED {
+        AttnForm::Split
+    } else {
+        asked
+    }
+}
+
 static FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 /// Sets the decode attention form (process-wide; for tests and benchmarks). The default is
@@ -803,12 +820,8 @@ fn run<R: CubeRuntime>(
     let part = empty(&q, [rows, nh, chunks, hd + 2], DType::F32);
     let o = empty(&q, [rows, nh, hd], dtype);
     let client = q.client.clone();
-    let mut form = form();
-    // The GQA cube stages `r` query rows, `r` unit sums and two `r × CHUNK` score arrays.
-    if form == AttnForm::Gqa && (nh / kvh) * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4 > GQA_SHARED {
-        form = AttnForm::Split;
-    }
-    if split_applies(hd) && form != AttnForm::Unfused {
+    let form = plan(form(), nh, kvh, hd);
+    if form != AttnForm::Unfused {
         macro_rules! split {
             ($t:ty) => {{
                 if form == AttnForm::Gqa {
