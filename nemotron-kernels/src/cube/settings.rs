@@ -83,7 +83,9 @@ impl Settings {
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
-    /// `nt=8|16` (the most token tiles of 8 a tiled cube takes per pass); `rf=1|2` (16-row
+    /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
+    /// shared staging buffers: two barriers per step, or one); `tp=1..4` (cube rows per expert
+    /// of a routed tiled launch); `rf=1|2` (16-row
     /// fragments per warp of the tiled NVFP4 kernel); `scanpair=N` (the scan's lanes take two
     /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
@@ -143,6 +145,8 @@ impl Settings {
                 "tw" => s.tune.tile_warps = num(v)?,
                 "nt" => s.tune.tile_tiles = num(v)?,
                 "rf" => s.tune.tile_frags = num(v)?,
+                "buf" => s.tune.tile_buffers = num(v)?,
+                "tp" => s.tune.tile_parts = num(v)?,
                 "scanpair" => s.scan_pair_min = num(v)?,
                 "scanchunk" => match num(v)? {
                     0 => return Err(format!("{text:?}: scanchunk=0: at least one step")),

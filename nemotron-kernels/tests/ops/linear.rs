@@ -358,22 +358,28 @@ pub fn mma_linears_match(arm: &Arm) {
         });
     }
     // The tiled kernels' other shapes (bf16 only; the tiled path alone): 4 or 8 warps (64 or
-    // 128 weight rows), up to 8 or 16 token tiles, one or two 16-row fragments per warp.
+    // 128 weight rows), up to 4, 8 or 16 token tiles, one or two 16-row fragments per warp, one
+    // or two staging buffers, 1–4 cube rows per expert.
     let mut tiled = vec![];
     if arm.dtype == burn::tensor::DType::BF16 {
-        for (tile_warps, tile_tiles, tile_frags) in [
-            (4, 8, 1),
-            (8, 16, 1),
-            (4, 16, 1),
-            (4, 8, 2),
-            (8, 8, 2),
-            (8, 16, 2),
-            (4, 16, 2),
+        for (tile_warps, tile_tiles, tile_frags, tile_buffers, tile_parts) in [
+            (4, 8, 1, 1, 1),
+            (8, 8, 1, 2, 2),
+            (8, 16, 1, 2, 1),
+            (4, 16, 1, 1, 3),
+            (4, 8, 2, 2, 1),
+            (8, 8, 2, 1, 4),
+            (8, 16, 2, 1, 1),
+            (8, 4, 2, 2, 2),
+            (4, 4, 2, 1, 1),
+            (4, 16, 2, 2, 1),
         ] {
             tiled.push(mma::MmaTuning {
                 tile_warps,
                 tile_tiles,
                 tile_frags,
+                tile_buffers,
+                tile_parts,
                 ..mma::MmaTuning::default()
             });
         }

@@ -303,7 +303,7 @@ fn mma_row_blocks_cover_rows() {
 #[test]
 fn tile_shapes_stage_every_thread() {
     use nemotron_kernels::cube::linear::frag::{tile_warps, tiles_up_to};
-    for max in [8usize, 16] {
+    for max in [4usize, 8, 16] {
         let mut last = 0;
         for rows in 0..400usize {
             let nt = tiles_up_to(rows, max);
@@ -330,6 +330,7 @@ fn tile_shapes_stage_every_thread() {
         }
     }
     assert_eq!(tiles_up_to(1_000, 16), 16);
+    assert_eq!(tiles_up_to(60, 4), 4);
     assert_eq!(tile_warps(8, 1), 4);
 }
 
@@ -466,7 +467,7 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
         "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,inq=2,grp=4,\
-         threads=99,tw=4,nt=16,rf=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
+         threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
          pipe=on,fuse=off,attn=split",
     )
     .unwrap();
@@ -485,8 +486,16 @@ fn settings_parse_each_key_into_its_field() {
     );
     let t = s.tune;
     assert_eq!(
-        (t.group, t.threads, t.tile_warps, t.tile_tiles, t.tile_frags),
-        (4, 99, 4, 16, 2)
+        (
+            t.group,
+            t.threads,
+            t.tile_warps,
+            t.tile_tiles,
+            t.tile_frags,
+            t.tile_buffers,
+            t.tile_parts
+        ),
+        (4, 99, 4, 16, 2, 2, 3)
     );
     assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
     assert_eq!(

@@ -106,16 +106,17 @@ pub(super) fn tiles(per_expert: usize) -> usize {
     tiles_up_to(per_expert, 8)
 }
 
-/// Token tiles of 8 per pass for `per_expert` tokens on average, at most `max` (8 or 16; pure,
-/// tested on the host).
+/// Token tiles of 8 per pass for `per_expert` tokens on average, at most `max` (4, 8 or 16;
+/// pure, tested on the host).
 pub fn tiles_up_to(per_expert: usize, max: usize) -> usize {
-    match per_expert.div_ceil(8) {
+    let nt = match per_expert.div_ceil(8) {
         0 | 1 => 1,
         2 => 2,
         3 | 4 => 4,
         5..=8 => 8,
-        _ => max.min(16),
-    }
+        _ => 16,
+    };
+    nt.min(max)
 }
 
 /// Warps per cube of a tiled launch taking `nt` token tiles per pass with `warps` asked for:

@@ -886,11 +886,19 @@ pub struct MmaTuning {
     /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
     /// [`super::frag::tile_warps`]).
     pub tile_warps: usize,
-    /// The most token tiles of 8 a tiled cube takes per pass: 8 or 16 (64 or 128 tokens).
+    /// The most token tiles of 8 a tiled cube takes per pass: 4, 8 or 16 (32, 64 or 128
+    /// tokens).
     pub tile_tiles: usize,
     /// Fragments of 16 weight rows per warp of the tiled NVFP4 kernel: 1 or 2 (with 2, each
     /// staged activation word read from shared memory feeds two `mma`s).
     pub tile_frags: usize,
+    /// Shared buffers of staged activations in the tiled kernels: 1 (two barriers per
+    /// step: the next step's stores wait for every warp's reads) or 2 (one barrier per step:
+    /// the next step's stores go to the other buffer).
+    pub tile_buffers: usize,
+    /// Cube rows per expert of a routed tiled launch: 1 to 4 (each part takes every
+    /// `parts`-th pass of the expert's slots).
+    pub tile_parts: usize,
 }
 
 impl Default for MmaTuning {
@@ -903,6 +911,8 @@ impl Default for MmaTuning {
             tile_warps: super::tile::TILE_WARPS,
             tile_tiles: super::tile::TILE_TILES,
             tile_frags: super::tile::TILE_FRAGS,
+            tile_buffers: super::tile::TILE_BUFFERS,
+            tile_parts: super::tile::TILE_PARTS,
         }
     }
 }
@@ -917,12 +927,16 @@ static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
 static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(super::tile::TILE_WARPS);
 static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(super::tile::TILE_TILES);
 static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(super::tile::TILE_FRAGS);
+static TUNE_TILE_BUFFERS: AtomicUsize = AtomicUsize::new(super::tile::TILE_BUFFERS);
+static TUNE_TILE_PARTS: AtomicUsize = AtomicUsize::new(super::tile::TILE_PARTS);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
 /// is refused by name ([`MmaTuning::check`]) and nothing is set.
 pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     t.check()?;
     TUNE_TILE_FRAGS.store(t.tile_frags, Ordering::Relaxed);
+    TUNE_TILE_BUFFERS.store(t.tile_buffers, Ordering::Relaxed);
+    TUNE_TILE_PARTS.store(t.tile_parts, Ordering::Relaxed);
     TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
@@ -934,10 +948,10 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
 
 impl MmaTuning {
     /// Refuses, naming the knob (by its `bench --mma-min` key) and the values allowed, a group
-    /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 8 or 16,
-    /// or row fragments other than 1 or 2.
+    /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 4, 8 or
+    /// 16, row fragments or staging buffers other than 1 or 2, or parts per expert outside 1–4.
     pub fn check(&self) -> Result<(), String> {
-        let knobs: [(&str, &str, usize, &[usize]); 4] = [
+        let knobs: [(&str, &str, usize, &[usize]); 6] = [
             ("grp", "tensor-core load group", self.group, &[1, 2, 4, 8]),
             (
                 "tw",
@@ -949,13 +963,25 @@ impl MmaTuning {
                 "nt",
                 "tiled kernel token tiles per pass",
                 self.tile_tiles,
-                &[8, 16],
+                &[4, 8, 16],
             ),
             (
                 "rf",
                 "tiled kernel row fragments per warp",
                 self.tile_frags,
                 &[1, 2],
+            ),
+            (
+                "buf",
+                "tiled kernel staging buffers",
+                self.tile_buffers,
+                &[1, 2],
+            ),
+            (
+                "tp",
+                "tiled kernel cube rows per expert",
+                self.tile_parts,
+                &[1, 2, 3, 4],
             ),
         ];
         for (key, what, v, ok) in knobs {
@@ -972,6 +998,8 @@ impl MmaTuning {
             warps: self.tile_warps,
             tiles: self.tile_tiles,
             frags: self.tile_frags,
+            buffers: self.tile_buffers,
+            parts: self.tile_parts,
         }
     }
 }
@@ -986,6 +1014,8 @@ pub fn tuning() -> MmaTuning {
         tile_warps: TUNE_TILE_WARPS.load(Ordering::Relaxed),
         tile_tiles: TUNE_TILE_TILES.load(Ordering::Relaxed),
         tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),
+        tile_buffers: TUNE_TILE_BUFFERS.load(Ordering::Relaxed),
+        tile_parts: TUNE_TILE_PARTS.load(Ordering::Relaxed),
     }
 }
 

@@ -24,7 +24,10 @@
 //! `mma`); vector `v` (chunk `v / 4`, word `v % 4`) sits at `tok · RS + (v % 4) · 4 + v / 4`
 //! with `RS` = [`ROW_STRIDE`] = 20: the 8 lanes of a quarter-warp (`g ∈ {0, 1}`, `t ∈ 0..4`)
 //! then read 8 distinct 16-byte bank groups (4 consecutive vectors of one token, and the next
-//! token's 320 bytes on: 64 modulo the banks' 128) — no bank conflicts.
+//! token's 320 bytes on: 64 modulo the banks' 128) — no bank conflicts. With two buffers
+//! ([`TileShape::buffers`]) steps alternate between them and a step needs one barrier (after
+//! its stores) instead of two (the second kept the next step's stores from overwriting what a
+//! slower warp still reads).
 //!
 //! **FP8** ([`fp8_tile_kernel()`], plain W8A8 linears over rows quantized to E4M3 apart): the
 //! same structure with [`crate::cube::linear::mma::fp8_mma_kernel()`]'s math; a step is 256
@@ -68,11 +71,23 @@ pub struct TileShape {
     pub tiles: usize,
     /// 16-row fragments per warp of the NVFP4 kernel (1 or 2).
     pub frags: usize,
+    /// Shared staging buffers (1 or 2).
+    pub buffers: usize,
+    /// Cube rows per expert of a routed launch (1–4), each taking every `parts`-th pass of the
+    /// expert's slots: more, shorter cubes for the same work.
+    pub parts: usize,
 }
 
 /// The most token tiles of 8 per pass, by default ([`super::mma::MmaTuning::tile_tiles`]: 8 or
 /// 16).
 pub const TILE_TILES: usize = 8;
+
+/// Shared staging buffers by default ([`super::mma::MmaTuning::tile_buffers`]: 1 or 2).
+pub const TILE_BUFFERS: usize = 1;
+
+/// Cube rows per expert of a routed tiled launch by default
+/// ([`super::mma::MmaTuning::tile_parts`]: 1 to 4).
+pub const TILE_PARTS: usize = 1;
 
 /// Shared-memory vectors per staged token (16 used, 4 of padding; module docs).
 pub const ROW_STRIDE: usize = 20;
@@ -100,15 +115,20 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     tokens: u32,
     div: u32,
     block: u32,
+    parts: u32,
     #[comptime] nt: usize,
     #[comptime] tw: usize,
     #[comptime] rf: usize,
+    #[comptime] bufs: usize,
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
 ) {
     let by = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
-    let mut e = by;
+    // Routed: `parts` cube rows per expert, part `p` taking the expert's passes `p`, `p + parts`,
+    // … (plain calls: 1).
+    let parts = parts as usize;
+    let mut e = by / parts;
     let mut count = tokens as usize;
     let mut base = 0usize;
     if !routed {
@@ -116,10 +136,13 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     }
     if routed {
         count = counts[e] as usize;
-        base = counts[CUBE_COUNT_Y as usize + e] as usize;
+        base = counts[CUBE_COUNT_Y as usize / parts + e] as usize;
     }
-    // Plain: this cube row's block of rows; routed: all of the expert's slots (`block = 0`).
-    let first = by * block as usize;
+    // Plain: this cube row's block of rows; routed: the part's first pass (`block = 0`).
+    let mut first = by * block as usize;
+    if routed {
+        first = (by % parts) * comptime!(nt * 8);
+    }
     let end = if routed {
         count
     } else {
@@ -152,7 +175,10 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     let tstep = comptime!(tw * 32 / 16);
     let vt = tid % 16;
     let sp = (vt % 4) * 4 + vt / 4;
-    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
+    // `bufs` buffers of one step each; `off` is the one this step uses (uniform over the cube).
+    let stage = comptime!(nt * 8 * ROW_STRIDE);
+    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(bufs * nt * 8 * ROW_STRIDE));
+    let mut off = 0usize;
     let mut pass = first;
     while pass < end {
         let mut xr = Array::<usize>::new(per);
@@ -190,7 +216,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
         while s < iters {
             #[unroll]
             for r in 0..per {
-                sx[(r * tstep + tid / 16) * ROW_STRIDE + sp] = pair_words::<NX, NW>(xv[r]);
+                sx[off + (r * tstep + tid / 16) * ROW_STRIDE + sp] = pair_words::<NX, NW>(xv[r]);
             }
             sync_cube();
             let c = s * 4 + t;
@@ -274,7 +300,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                     // Token tiles wholly past the pass's end are skipped (uniform over the
                     // cube); their sums are never stored.
                     if pass + j * 8 < end {
-                        let v = sx[(j * 8 + g) * ROW_STRIDE + w * 4 + t];
+                        let v = sx[off + (j * 8 + g) * ROW_STRIDE + w * 4 + t];
                         mma_w(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
                         mma_w(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
                         if comptime!(rf > 1) {
@@ -284,7 +310,13 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                     }
                 }
             }
-            sync_cube();
+            // One buffer: the next step's stores wait for every warp's reads. Two: they go to
+            // the other buffer, whose reads (two steps back) ended before this step's barrier.
+            if comptime!(bufs == 1) {
+                sync_cube();
+            } else {
+                off = stage - off;
+            }
             s += 1;
         }
         #[unroll]
@@ -321,7 +353,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 }
             }
         }
-        pass += nt * 8;
+        pass += parts * comptime!(nt * 8);
     }
 }
 
@@ -378,6 +410,7 @@ pub fn fp8_tile_kernel<NW: Size>(
     block: u32,
     #[comptime] nt: usize,
     #[comptime] tw: usize,
+    #[comptime] bufs: usize,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
 ) {
@@ -405,7 +438,10 @@ pub fn fp8_tile_kernel<NW: Size>(
     let per = comptime!(nt * 8 * 16 / (tw * 32));
     let tstep = comptime!(tw * 32 / 16);
     let vt = tid % 16;
-    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(nt * 8 * ROW_STRIDE));
+    // `bufs` buffers of one step each; `off` is the one this step uses (uniform over the cube).
+    let stage = comptime!(nt * 8 * ROW_STRIDE);
+    let mut sx = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(bufs * nt * 8 * ROW_STRIDE));
+    let mut off = 0usize;
     let mut pass = first;
     while pass < end {
         let mut xr = Array::<usize>::new(per);
@@ -434,7 +470,7 @@ pub fn fp8_tile_kernel<NW: Size>(
         while s < steps {
             #[unroll]
             for r in 0..per {
-                sx[(r * tstep + tid / 16) * ROW_STRIDE + vt] = xv[r];
+                sx[off + (r * tstep + tid / 16) * ROW_STRIDE + vt] = xv[r];
             }
             sync_cube();
             let mut ca = Array::<Vector<u32, NW>>::new(4usize);
@@ -479,12 +515,18 @@ pub fn fp8_tile_kernel<NW: Size>(
                 r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3) & z);
                 #[unroll]
                 for j in 0..nt {
-                    let v = sx[(j * 8 + g) * ROW_STRIDE + q * 4 + t];
+                    let v = sx[off + (j * 8 + g) * ROW_STRIDE + q * 4 + t];
                     mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
                     mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
                 }
             }
-            sync_cube();
+            // One buffer: the next step's stores wait for every warp's reads. Two: they go to
+            // the other buffer, whose reads (two steps back) ended before this step's barrier.
+            if comptime!(bufs == 1) {
+                sync_cube();
+            } else {
+                off = stage - off;
+            }
             s += 1;
         }
         if tile < n_out {
@@ -589,7 +631,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
 ) -> Option<CubeTensor<R>> {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
-    let (counts, members, nt, gy, gz, block) = if c.routed {
+    let (counts, members, nt, gy, gz, block, parts) = if c.routed {
         let n_experts = w.shape.experts;
         if n_experts > MAX_CUBES {
             return None;
@@ -601,14 +643,16 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             crate::cube::moe::group(ids, n_experts)
         };
         let nt = tiles_up_to(c.slots.div_ceil(n_experts), shape.tiles);
-        (counts, members, nt, n_experts as u32, 1, 0)
+        // Within the grid's y (the check above at one part).
+        let parts = shape.parts.clamp(1, (MAX_CUBES / n_experts).max(1));
+        (counts, members, nt, (n_experts * parts) as u32, 1, 0, parts)
     } else {
         let nt = tiles_up_to(c.slots, shape.tiles);
         let (block, nblocks) = blocks(c.slots, nt);
         let (gy, gz) = yz(nblocks);
         // Unread stand-ins.
         let stand = empty(&c.x, [1], DType::U32);
-        (stand.clone(), stand, nt, gy, gz, block)
+        (stand.clone(), stand, nt, gy, gz, block, 1)
     };
     let tw = tile_warps(shape.warps, nt);
     let rf = shape.frags;
@@ -639,9 +683,11 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.slots as u32,
             c.div as u32,
             block as u32,
+            parts as u32,
             nt,
             tw,
             rf,
+            shape.buffers,
             c.routed,
             c.relu2,
             c.split.is_some(),
@@ -690,6 +736,7 @@ pub(crate) fn fp8<R: CubeRuntime>(
             block as u32,
             nt,
             tw,
+            shape.buffers,
             c.relu2,
             c.split.is_some(),
         )
