@@ -82,12 +82,17 @@ pub struct TileShape {
 /// 16).
 pub const TILE_TILES: usize = 8;
 
-/// Shared staging buffers by default ([`super::mma::MmaTuning::tile_buffers`]: 1 or 2).
+/// Shared staging buffers by default ([`super::mma::MmaTuning::tile_buffers`]: 1 or 2). Two
+/// (one barrier per step) measured 1.2 % slower at 1 × 1,024 and 1.2–1.4 % slower with
+/// `tp=2` at 16 and 64 × 128 on an H100 (PERF §23): the barrier was not what the kernel waits on.
 pub const TILE_BUFFERS: usize = 1;
 
 /// Cube rows per expert of a routed tiled launch by default
-/// ([`super::mma::MmaTuning::tile_parts`]: 1 to 4).
-pub const TILE_PARTS: usize = 1;
+/// ([`super::mma::MmaTuning::tile_parts`]: 1 to 4). 4 measured +6.6 % prefill at 16 × 128 and
+/// +8.9 % at 64 × 128 against 1 on an H100 (2: +4.9 / +6.4 %; PERF §23): an expert's passes run
+/// side by side instead of one after another in one cube. Prompts whose experts hold at most one
+/// pass (64 slots) leave the extra cubes nothing to do; they exit at once.
+pub const TILE_PARTS: usize = 4;
 
 /// Shared-memory vectors per staged token (16 used, 4 of padding; module docs).
 pub const ROW_STRIDE: usize = 20;
