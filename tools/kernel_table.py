@@ -2,11 +2,10 @@
 """Per-token kernel table from Nsight Compute: kernel name x launches x device time.
 
     ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-        target/release/examples/bench --backend cuda --synthetic lightning --step-kernels --no-hf \
-        > step.csv
+        target/release/examples/profile --model DIR [--engine --batch B] > step.csv
     python3 tools/kernel_table.py step.csv[.xz] [--top 40] [--range A:B]
 
-`bench --step-kernels` runs one batch-1 decode step between cuProfilerStart/cuProfilerStop, so
+`examples/profile` runs one decode step between cuProfilerStart/cuProfilerStop, so
 ncu times exactly that step's kernels, one at a time, on the device (ncu serializes kernels: the
 sum is device time without launch gaps). Names are grouped with their template/generic suffixes
 stripped down to the kernel function's name.

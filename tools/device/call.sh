@@ -20,6 +20,8 @@
 #   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
 #   p8 S         engine prefill of 1 x 8,192 tokens (8 decode steps) once per --mma-min setting
 #                of the ;-separated S
+#   pNcmp S      engine prefill and 8 decode steps at 16 and 64 x 128 once per --mma-min
+#                setting of the ;-separated S (one load)
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -114,6 +116,11 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
+    pNcmp)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
@@ -157,8 +164,8 @@ while [ $# -gt 0 ]; do
           --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2 --mamba-ssm .whl ;;
     ncu) bench ncu_b1.csv timeout 300 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
-          --step-kernels --engine --batch 1 --mma-min "$1"
+          $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
+          --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
@@ -168,8 +175,8 @@ while [ $# -gt 0 ]; do
           --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
           --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \
           --section WarpStateStats --section ComputeWorkloadAnalysis \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
-          --step-kernels --engine --batch 1 --mma-min "$1"
+          $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
+          --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_detail.txt"; shift ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -28,7 +28,7 @@ for t in ops it memory; do
   strip -o "$out/deps/$t" "$f"
   roots "$f" >>.device/roots.all
 done
-for e in bench synth parity loadtest; do
+for e in bench profile synth parity loadtest; do
   skip "$e" && continue
   strip -o "$out/examples/$e" "target/release/examples/$e"
   roots "target/release/examples/$e" >>.device/roots.all

@@ -1,0 +1,580 @@
+//! The device-timed kernel table at the Lightning shapes (no model): each op timed as N
+//! back-to-back launches between two syncs, and as the same N launches captured once and replayed
+//! (the launch gaps gone: device time), with bytes, GB/s and % of the copy ceiling measured in the
+//! same run (FLOP/s for the matmuls). A `cargo bench` target (`harness = false`), not built by
+//! `cargo test`:
+//!
+//! `cargo bench --bench kernels --features cuda -- --backend cuda --dtype bf16 [--repeats 5]
+//!  [--mma-min SETTING]`
+//!
+//! (`--backend wgpu` with `--features wgpu`; the host backends run it too, slowly.) `--mma-min`
+//! takes `bench`'s syntax ([`nemotron::kernels::cube::settings::Settings::parse`]) and sets the
+//! defaults the rows without a path of their own run with.
+
+use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
+use clap::Parser;
+use nemotron::kernels::cube::linear::mma;
+use nemotron::kernels::rng::Lcg;
+use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
+use nemotron::{dtype_name, BackendKind, DType};
+use std::time::Instant;
+
+#[derive(Parser, Clone)]
+struct Args {
+    #[arg(long, default_value = "flex")]
+    backend: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Timed repeats per row (at least 5); the median is printed.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// One kernel setting (`bench --mma-min`'s syntax) instead of the library's defaults.
+    #[arg(long)]
+    mma_min: Option<String>,
+    /// What `cargo bench` passes to every bench target; accepted and ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let a = Args::parse();
+    let r = (|| -> Res<()> {
+        let kind: BackendKind = a.backend.parse()?;
+        let dtype: DType = a.dtype.parse()?;
+        let dev = kind.device(dtype)?;
+        if let Some(s) = &a.mma_min {
+            use nemotron::kernels::cube::settings::Settings;
+            Settings::parse(s)
+                .and_then(|s| s.apply())
+                .map_err(|e| format!("--mma-min {e}"))?;
+        }
+        kernels(&a, &dev, dtype.burn())
+    })();
+    if let Err(e) = r {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn sync(dev: &Device) {
+    dev.sync().expect("device sync");
+}
+
+/// One kernel-table row: an op at one shape, its bytes and FLOPs.
+struct Row<'a> {
+    name: String,
+    bytes: f64,
+    flops: f64,
+    op: Box<dyn FnMut() + 'a>,
+}
+
+/// Times `op` as `n` back-to-back launches between two syncs, and as `n` launches captured once
+/// and replayed (CUDA graph; the closure re-run elsewhere): seconds per op, (eager, replayed).
+fn device_time(dev: &Device, op: &mut dyn FnMut(), n: usize, reps: usize) -> (f64, f64) {
+    for _ in 0..3 {
+        op();
+    }
+    sync(dev);
+    let mut eager = vec![];
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..n {
+            op();
+        }
+        sync(dev);
+        eager.push(t.elapsed().as_secs_f64() / n as f64);
+    }
+    let mut g = burn::tensor::capture(dev, || {
+        for _ in 0..n {
+            op();
+        }
+    });
+    sync(dev);
+    let mut replay = vec![];
+    for _ in 0..reps {
+        let t = Instant::now();
+        // Safety: the op's inputs are owned by the closure's captures and outlive the graph.
+        unsafe {
+            g.replay();
+        }
+        sync(dev);
+        replay.push(t.elapsed().as_secs_f64() / n as f64);
+    }
+    (median(eager), median(replay))
+}
+
+/// The device-timed kernel table at the Lightning shapes.
+fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
+    let (n, reps) = (50, a.repeats.max(5));
+    let esize = if dtype == BDType::F32 { 4.0 } else { 2.0 };
+    let mut rng = Lcg::new(1);
+    let act = |rng: &mut Lcg, shape: Vec<usize>| -> Tensor<2> {
+        let len = shape.iter().product();
+        Tensor::<1>::from_data(TensorData::new(rng.vec(len, 1.0), [len]), (dev, dtype))
+            .reshape([shape[0], len / shape[0]])
+    };
+    // The copy ceiling in this run: a 1 GiB buffer read and written.
+    let big = Tensor::<1>::from_data(
+        TensorData::new(vec![1.0f32; 1 << 28], [1 << 28]),
+        (dev, BDType::F32),
+    );
+    let (ce, cr) = device_time(dev, &mut || drop(big.clone() + 1.0), 10, reps);
+    let ceiling = 2.0 * (1u64 << 30) as f64 / ce.min(cr);
+    println!(
+        "kernel table ({}, activations {}; µs per op call; eager = {n} launches between two syncs, \
+         replay = the same {n} launches as one captured graph; median of {reps})",
+        a.backend,
+        dtype_name(dtype)
+    );
+    println!(
+        "copy ceiling measured here: {:.0} GB/s (1 GiB read + written; eager {:.1} µs, replay {:.1} µs)",
+        ceiling / 1e9,
+        ce * 1e6,
+        cr * 1e6
+    );
+    let nvfp4 = |rng: &mut Lcg, e: usize, nout: usize, k: usize| -> Vec<Nvfp4Matrix> {
+        (0..e)
+            .map(|_| Nvfp4Matrix {
+                out_features: nout,
+                in_features: k,
+                packed: rng.bytes(nout * k / 2),
+                // Scale bytes kept below 0x7F so none decodes to NaN.
+                block_scales: rng
+                    .bytes(nout * k / 16)
+                    .into_iter()
+                    .map(|b| 0x30 + (b % 16))
+                    .collect(),
+                global_scale: 1e-3,
+            })
+            .collect()
+    };
+    let fp8 = |rng: &mut Lcg, nout: usize, k: usize| -> Fp8Matrix {
+        Fp8Matrix {
+            out_features: nout,
+            in_features: k,
+            weight: rng.bytes(nout * k).into_iter().map(|b| b & 0x7E).collect(),
+            weight_scale: 1e-3,
+            input_scale: 1e-2,
+        }
+    };
+    let mut rows: Vec<Row> = vec![];
+    // Batch 1 on both paths: the GEMVs, and the tensor cores with one token of eight used
+    // (routed: slot-major, one cube row per slot).
+    let gemv = (usize::MAX, usize::MAX);
+    let tc = (1usize, 1usize);
+    let tc1 = (1usize, usize::MAX);
+    let b1_paths = [("GEMV", gemv), ("tensor cores", tc1)];
+    for (k, nout) in [
+        (2688, 1856),
+        (1856, 2688),
+        (2688, 3712),
+        (3712, 2688),
+        (2688, 10304),
+        (4096, 2688),
+        (2688, 131072),
+    ] {
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+        let x = act(&mut rng, vec![1, k]);
+        for (path, min) in b1_paths {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("NVFP4 GEMV {k}→{nout} {path}"),
+                bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
+    }
+    for (k, nout, div, epi) in [
+        (2688, 1856, 6, Epilogue::Relu2),
+        (1856, 2688, 1, Epilogue::None),
+    ] {
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
+        let x = act(&mut rng, vec![6 / div, k]);
+        let idx =
+            Tensor::<1, Int>::from_data(TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]), dev);
+        for (path, min) in b1_paths {
+            let (x, w, idx) = (x.clone(), w.clone(), idx.clone());
+            rows.push(Row {
+                name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?}) {path}"),
+                bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64
+                    + esize * (6 / div * k + 6 * nout) as f64,
+                flops: 12.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::nvfp4_expert_linear(
+                        x.clone(),
+                        idx.clone(),
+                        div,
+                        &w,
+                        epi,
+                    ));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
+    }
+    // Batches 16 and 64: 96 / 384 routed slots over 128 experts (duplicates, as routing gives
+    // them), slot-major GEMV and tensor cores (grouped by expert).
+    for tokens in [16usize, 64] {
+        let (k, nout) = (2688, 1856);
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
+        let x = act(&mut rng, vec![tokens, k]);
+        let ids: Vec<i32> = (0..tokens * 6)
+            .map(|i| ((i * 7919 + (i / 6) * 31) % 128) as i32)
+            .collect();
+        let uniq = ids.iter().collect::<std::collections::HashSet<_>>().len();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(ids, [tokens * 6]), dev);
+        for (path, min) in [("slot-major GEMV", gemv), ("tensor cores", tc)] {
+            let (x, idx, w) = (x.clone(), idx.clone(), w.clone());
+            rows.push(Row {
+                name: format!(
+                    "NVFP4 experts {} slots ({uniq} experts) {k}→{nout} {path}",
+                    tokens * 6
+                ),
+                bytes: uniq as f64 * (nout * k / 2 + nout * k / 16) as f64
+                    + esize * (tokens * k + tokens * 6 * nout) as f64,
+                flops: 2.0 * (tokens * 6 * k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::nvfp4_expert_linear(
+                        x.clone(),
+                        idx.clone(),
+                        6,
+                        &w,
+                        Epilogue::Relu2,
+                    ));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
+    }
+    // Batched plain linears: the shared expert's up projection and lm_head (NVFP4), Mamba's
+    // in_proj and out_proj (FP8), small-M GEMV against tensor cores.
+    for (tokens, k, nout, fp8w) in [
+        (16usize, 2688usize, 3712usize, false),
+        (64, 2688, 3712, false),
+        (16, 2688, 131072, false),
+        (16, 2688, 10304, true),
+        (64, 2688, 10304, true),
+        (64, 4096, 2688, true),
+    ] {
+        let x = act(&mut rng, vec![tokens, k]);
+        let (wbytes, run): (f64, Box<dyn Fn(Tensor<2>)>) = if fp8w {
+            let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+            (
+                (nout * k) as f64,
+                Box::new(move |x| drop(ops::fp8_linear(x, &w, Epilogue::None))),
+            )
+        } else {
+            let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+            (
+                (nout * k / 2 + nout * k / 16) as f64,
+                Box::new(move |x| drop(ops::nvfp4_linear(x, &w, Epilogue::None))),
+            )
+        };
+        let run = std::rc::Rc::new(run);
+        for (path, min) in [("small-M GEMV", gemv), ("tensor cores", tc)] {
+            let (x, run) = (x.clone(), run.clone());
+            rows.push(Row {
+                name: format!(
+                    "{} {tokens} rows {k}→{nout} {path}",
+                    if fp8w { "FP8 W8A8" } else { "NVFP4" }
+                ),
+                bytes: wbytes + esize * tokens as f64 * (k + nout) as f64,
+                flops: 2.0 * (tokens * k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    run(x.clone());
+                    mma::set_mma(saved);
+                }),
+            });
+        }
+    }
+    // The Mamba in_proj whole and as the engine runs it (z, xBC, dt), and out_proj.
+    for (k, nout) in [
+        (2688, 10304),
+        (2688, 4096),
+        (2688, 6144),
+        (2688, 64),
+        (4096, 2688),
+    ] {
+        let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+        let x = act(&mut rng, vec![1, k]);
+        for (path, min, inq) in [
+            ("GEMV", gemv, 0),
+            ("tensor cores, quantized in-kernel", tc1, 8),
+            ("tensor cores, quantized apart", tc1, 0),
+        ] {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("FP8 W8A8 GEMV {k}→{nout} {path}"),
+                bytes: (nout * k) as f64 + esize * (k + nout) as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    mma::set_fp8_inq_max(inq);
+                    drop(ops::fp8_linear(x.clone(), &w, Epilogue::None));
+                    mma::set_mma(saved);
+                    mma::set_fp8_inq_max(mma::FP8_INQ_MAX_ROWS);
+                }),
+            });
+        }
+    }
+    // Attention q and k/v projections (bf16) and the router (f32 weight over bf16 activations),
+    // as the engine calls them: `dense_linear` against `w [N, K]`.
+    for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 256, false), (2688, 128, true)] {
+        let wd = if f32_weights { BDType::F32 } else { dtype };
+        let w = Tensor::<1>::from_data(
+            TensorData::new(rng.vec(k * nout, 0.05), [k * nout]),
+            (dev, wd),
+        )
+        .reshape([nout, k]);
+        let x = act(&mut rng, vec![1, k]);
+        let ws = if f32_weights { 4.0 } else { esize };
+        for (path, min) in b1_paths {
+            let (x, w) = (x.clone(), w.clone());
+            rows.push(Row {
+                name: format!("dense GEMV {k}→{nout} ({}) {path}", dtype_name(wd)),
+                bytes: ws * (k * nout) as f64 + esize * k as f64 + ws * nout as f64,
+                flops: 2.0 * (k * nout) as f64,
+                op: Box::new(move || {
+                    let saved = mma::mma();
+                    mma::set_mma_min(min.0, min.1);
+                    drop(ops::dense_linear(x.clone(), w.clone()));
+                    mma::set_mma(saved);
+                }),
+            });
+        }
+    }
+    {
+        let (h, p, ns, g) = (64, 64, 128, 8);
+        let st = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));
+        let x = act(&mut rng, vec![1, h * p]).reshape([1, 1, h, p]);
+        let dt = Tensor::<3>::ones([1, 1, h], (dev, dtype)) * 0.01;
+        let av = Tensor::<1>::ones([h], (dev, dtype)) * -1.0;
+        let bm = act(&mut rng, vec![1, g * ns]).reshape([1, 1, g, ns]);
+        let d = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("selective scan, 1 token {h}×{p}×{ns} (ragged path)"),
+            bytes: 2.0 * (h * p * ns * 4) as f64,
+            flops: 5.0 * (h * p * ns) as f64,
+            op: Box::new(move || {
+                drop(ops::selective_scan(
+                    x.clone(),
+                    dt.clone(),
+                    av.clone(),
+                    bm.clone(),
+                    bm.clone(),
+                    d.clone(),
+                    Some(st.clone()),
+                    &[1],
+                ))
+            }),
+        });
+        // The engine's step: the state slot updated in place, x | B | C read from the conv
+        // output row, the dt softplus inside.
+        let pool = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));
+        let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
+        let xbc = act(&mut rng, vec![1, h * p + 2 * g * ns]);
+        let dts = Tensor::<2>::ones([1, h], (dev, dtype)) * -4.0;
+        let dims = nemotron::kernels::ScanDims {
+            heads: h,
+            head_dim: p,
+            groups: g,
+            state: ns,
+        };
+        let (av2, d2, bias2) = (
+            Tensor::<1>::ones([h], (dev, dtype)) * -1.0,
+            Tensor::<1>::ones([h], (dev, dtype)),
+            Tensor::<1>::zeros([h], (dev, dtype)),
+        );
+        rows.push(Row {
+            name: format!("SSM state step {h}×{p}×{ns} (slot, in place)"),
+            bytes: 2.0 * (h * p * ns * 4) as f64,
+            flops: 5.0 * (h * p * ns) as f64,
+            op: Box::new(move || {
+                drop(ops::ssm_step(
+                    xbc.clone(),
+                    dts.clone(),
+                    bias2.clone(),
+                    av2.clone(),
+                    d2.clone(),
+                    pool.clone(),
+                    &slot0,
+                    dims,
+                    None,
+                ))
+            }),
+        });
+        let c = 6144;
+        let x = act(&mut rng, vec![1, c]).reshape([1, 1, c]);
+        let w = act(&mut rng, vec![c, 4]);
+        let st = Tensor::<3>::zeros([1, c, 3], (dev, dtype));
+        rows.push(Row {
+            name: format!("causal conv step {c} channels, K=4"),
+            bytes: esize * (c * (1 + 4 + 3 + 3 + 1)) as f64,
+            flops: 8.0 * c as f64,
+            op: Box::new(move || {
+                drop(ops::causal_conv1d(
+                    x.clone(),
+                    w.clone(),
+                    None,
+                    st.clone(),
+                    &[1],
+                ))
+            }),
+        });
+        let dtr = act(&mut rng, vec![1, h]).reshape([1, 1, h]);
+        let bias = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("dt softplus {h} heads"),
+            bytes: esize * (3 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::dt_softplus(dtr.clone(), bias.clone(), None))),
+        });
+    }
+    {
+        let e = 128;
+        let logits = act(&mut rng, vec![1, e]).cast(BDType::F32);
+        let bias = Tensor::<1>::zeros([e], (dev, BDType::F32));
+        let c = nemotron::kernels::RouteConfig {
+            top_k: 6,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+            weights_from_biased: false,
+        };
+        // Decode attention (batch 1, 32 q heads over 2 kv heads, head 128) at 1K and 8K of
+        // context: append, scores, chunk partials, merge.
+        for ctx in [1024usize, 8192] {
+            let (nh, kvh, hd, cap) = (32usize, 2usize, 128usize, ctx + 64);
+            let q = act(&mut rng, vec![1, nh * hd]).reshape([1, nh, hd]);
+            let k = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
+            let v = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);
+            let kp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros(
+                [1, kvh, cap, hd],
+                (dev, dtype),
+            ));
+            let vp = nemotron::kernels::ops::contiguous(Tensor::<4>::zeros(
+                [1, kvh, cap, hd],
+                (dev, dtype),
+            ));
+            let lens = Tensor::<1, Int>::from_data(TensorData::new(vec![ctx as i32], [1]), dev);
+            let slot0 = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), dev);
+            rows.push(Row {
+                name: format!("decode attention 1×{nh} heads, {ctx} context"),
+                bytes: esize * (2 * kvh * (ctx + 1) * hd) as f64,
+                flops: 4.0 * (nh * (ctx + 1) * hd) as f64,
+                op: Box::new(move || {
+                    drop(ops::attention_step(
+                        q.clone(),
+                        k.clone(),
+                        v.clone(),
+                        kp.clone(),
+                        vp.clone(),
+                        &lens,
+                        &slot0,
+                        1.0 / (hd as f32).sqrt(),
+                    ))
+                }),
+            });
+        }
+        rows.push(Row {
+            name: "MoE routing 128 experts, top 6".into(),
+            bytes: (4 * 2 * e + 8 * 6) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::moe_route(logits.clone(), bias.clone(), &c))),
+        });
+        let v = 131_072;
+        let logits = act(&mut rng, vec![1, v]);
+        let l2 = logits.clone();
+        rows.push(Row {
+            name: format!("vocab argmax 1×{v} (ours)"),
+            bytes: esize * v as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::argmax_rows(logits.clone()))),
+        });
+        rows.push(Row {
+            name: format!("vocab argmax 1×{v} (Burn's argmax)"),
+            bytes: esize * v as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(l2.clone().argmax(1))),
+        });
+        let h = 2688;
+        let x = act(&mut rng, vec![1, h]);
+        let w = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("RMSNorm 1×{h}"),
+            bytes: esize * (3 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::rms_norm(x.clone(), None, w.clone(), 1, 1e-5))),
+        });
+        let (x2, y2) = (act(&mut rng, vec![1, h]), act(&mut rng, vec![1, h]));
+        let w2 = Tensor::<1>::ones([h], (dev, dtype));
+        rows.push(Row {
+            name: format!("residual add + RMSNorm 1×{h}"),
+            bytes: esize * (5 * h) as f64,
+            flops: 0.0,
+            op: Box::new(move || drop(ops::add_rms_norm(x2.clone(), y2.clone(), w2.clone(), 1e-5))),
+        });
+        let i = 4096;
+        let y = act(&mut rng, vec![1, i]);
+        let z = act(&mut rng, vec![1, i]);
+        let w = Tensor::<1>::ones([i], (dev, dtype));
+        rows.push(Row {
+            name: format!("gated group RMSNorm 1×{i}, 8 groups"),
+            bytes: esize * (4 * i) as f64,
+            flops: 0.0,
+            op: Box::new(move || {
+                drop(ops::rms_norm(
+                    y.clone(),
+                    Some(z.clone()),
+                    w.clone(),
+                    8,
+                    1e-5,
+                ))
+            }),
+        });
+    }
+    println!(
+        "{:<44} {:>10} {:>10} {:>11} {:>9} {:>8} {:>10}",
+        "op", "eager µs", "replay µs", "bytes", "GB/s", "% copy", "GFLOP/s"
+    );
+    for mut r in rows {
+        let (e, g) = device_time(dev, &mut r.op, n, reps);
+        let t = g.min(e);
+        println!(
+            "{:<44} {:>10.2} {:>10.2} {:>11.0} {:>9.1} {:>7.1}% {:>10}",
+            r.name,
+            e * 1e6,
+            g * 1e6,
+            r.bytes,
+            r.bytes / t / 1e9,
+            100.0 * r.bytes / t / ceiling,
+            if r.flops > 0.0 {
+                format!("{:.1}", r.flops / t / 1e9)
+            } else {
+                "-".into()
+            }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! One decode step between `cuProfilerStart` and `cuProfilerStop`, after a prefill and warm-up
+//! steps, for `ncu --profile-from-start off` to time each kernel of that step on the device
+//! (`tools/kernel_table.py` turns ncu's CSV into the per-token table: kernel × launches × device
+//! µs). CUDA only (`required-features = ["cuda"]`):
+//!
+//! `ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
+//!  target/release/examples/profile --model DIR [--dtype bf16] [--prompt-len 1024] [--engine
+//!  [--batch 16]] [--mma-min SETTING]`
+//!
+//! With `--engine` the step is the engine's (`decode_slots` over `--batch` slots, each holding the
+//! same prefilled prompt); without it, the ragged forward's at batch 1.
+
+use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
+use clap::Parser;
+use nemotron::model::generate::device_argmax;
+use nemotron::model::{NemotronH, SlotState};
+use nemotron::{BackendKind, DType};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser)]
+struct Args {
+    /// The checkpoint directory (`synth --geometry lightning` writes the full-size one).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Prompt tokens before the profiled step (at most 1,024).
+    #[arg(long, default_value_t = 1024)]
+    prompt_len: usize,
+    /// Profile the engine's slot step instead of the ragged forward's.
+    #[arg(long)]
+    engine: bool,
+    /// Slots of the engine's step (with --engine; the ragged step is batch 1).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// One kernel setting (`bench --mma-min`'s syntax) instead of the library's defaults.
+    #[arg(long)]
+    mma_min: Option<String>,
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() {
+    let a = Args::parse();
+    if let Err(e) = run(&a) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(a: &Args) -> Res<()> {
+    if a.batch != 1 && !a.engine {
+        return Err("--batch applies to the engine's step: add --engine".into());
+    }
+    if a.batch == 0 {
+        return Err("--batch 0: at least one slot".into());
+    }
+    let dtype: DType = a.dtype.parse()?;
+    let dev = BackendKind::Cuda.device(dtype)?;
+    if let Some(s) = &a.mma_min {
+        use nemotron::kernels::cube::settings::Settings;
+        Settings::parse(s)
+            .and_then(|s| s.apply())
+            .map_err(|e| format!("--mma-min {e}"))?;
+    }
+    let m = NemotronH::load_as(&a.model, &dev, dtype.burn())?;
+    let v = m.config().vocab_size;
+    let prompt: Vec<u32> = (0..a.prompt_len.clamp(1, 1024))
+        .map(|i| ((i * 7919 + 13) % v) as u32)
+        .collect();
+    step_kernels(&m, &dev, &prompt, a.engine, a.batch)
+}
+
+fn sync(dev: &Device) -> Res<()> {
+    Ok(dev.sync()?)
+}
+
+fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool, batch: usize) -> Res<()> {
+    let mut state = m.new_state();
+    let next = device_argmax(m.forward_last(&[prompt], &mut [&mut state])?)[0];
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![next as i32], [1, 1]), dev);
+    let mut st = m.new_slots(batch, prompt.len() + 8)?;
+    let load_all = |st: &mut SlotState| -> Res<()> {
+        for s in 0..batch {
+            m.load_slot(st, s, &state)?;
+        }
+        Ok(())
+    };
+    load_all(&mut st)?;
+    let slot = Tensor::<1, Int>::from_data(
+        TensorData::new((0..batch as i32).collect::<Vec<_>>(), [batch]),
+        (dev, BDType::I32),
+    );
+    let ids = ids.cast(BDType::I32).repeat_dim(0, batch);
+    let step = |st: &mut SlotState| -> Res<Tensor<2>> {
+        if slots {
+            Ok(m.decode_slots(st, &ids, &slot))
+        } else {
+            let mut s = state.clone();
+            Ok(m.forward_last_ids(ids.clone(), &mut [&mut s])?)
+        }
+    };
+    for _ in 0..3 {
+        let _ = step(&mut st)?;
+    }
+    // The slots' lengths advanced with every step: rewind them (outside the profiled range).
+    load_all(&mut st)?;
+    sync(dev)?;
+    profiler(true)?;
+    let t0 = Instant::now();
+    let out = step(&mut st)?;
+    let t1 = Instant::now();
+    sync(dev)?;
+    let t2 = Instant::now();
+    profiler(false)?;
+    drop(out);
+    println!(
+        "profiled one {} decode step (batch {batch}): host dispatch {:.1} µs, wall {:.1} µs",
+        if slots { "slot (engine)" } else { "ragged" },
+        (t1 - t0).as_secs_f64() * 1e6,
+        (t2 - t0).as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
+/// `cuProfilerStart` / `cuProfilerStop` in the primary context CubeCL runs in (made current on
+/// this thread for the calls).
+fn profiler(on: bool) -> Res<()> {
+    let ctx = cudarc::driver::CudaContext::new(0)?;
+    ctx.bind_to_thread()?;
+    if on {
+        cudarc::driver::profiler_start()?;
+    } else {
+        cudarc::driver::profiler_stop()?;
+    }
+    Ok(())
+}
