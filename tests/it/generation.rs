@@ -140,6 +140,54 @@ fn top_k_top_p_min_p_shape_the_distribution() {
     assert!((p[0].1 - 0.6336).abs() < 1e-3, "{p:?}");
 }
 
+/// `pick`'s uniform draws are SplitMix64's stream (Vigna's `splitmix64.c`): from state 0 its
+/// first outputs are `e220a8397b1dcdaf`, `6e789e6aa1b965f4`, `06c45d188009454f`,
+/// `f88bb8a8724c81ec`, `1b39896a51a8749b` (the published reference values). Over 256 equally
+/// likely tokens each draw picks token `output >> 56` (the probabilities `1/256` and their
+/// running sums are exact in f32), so the picks pin the generator bit for bit in their top byte.
+#[test]
+fn sampling_draws_follow_splitmix64() {
+    let logits = [0.5f32; 256];
+    let s = Sampling {
+        temperature: 1.0,
+        ..Sampling::greedy()
+    };
+    let mut rng = 0u64;
+    let got: Vec<u32> = (0..5).map(|_| pick(&logits, &s, &[], &mut rng)).collect();
+    assert_eq!(got, [0xe2, 0x6e, 0x06, 0xf8, 0x1b]);
+}
+
+/// Logits far from 0 at a low temperature: the softmax is taken relative to the largest logit,
+/// so nothing overflows (1000 / 0.05 alone would be `exp(20000)`), and the distribution is the
+/// exact one: `p₁ / p₀ = e^(−1 / 0.05) = e^−20`.
+#[test]
+fn large_logits_at_low_temperature_stay_finite() {
+    let logits = [999.0f32, 1000.0, -1000.0];
+    let s = Sampling {
+        temperature: 0.05,
+        ..Sampling::greedy()
+    };
+    let p = filtered_probs(&logits, &s);
+    assert!(p.iter().all(|x| x.1.is_finite()), "{p:?}");
+    assert_eq!(p[0].0, 1, "{p:?}");
+    assert!((p[0].1 - 1.0).abs() < 1e-6, "{p:?}");
+    assert!((p[1].1 / (-20.0f32).exp() - 1.0).abs() < 1e-3, "{p:?}");
+}
+
+/// `top_p` is a probability mass in (0, 1]: 0 keeps nothing and is refused by name, 1 keeps all.
+#[test]
+fn top_p_of_zero_is_refused_and_one_accepted() {
+    let s = |top_p| Sampling {
+        temperature: 1.0,
+        top_p,
+        ..Sampling::greedy()
+    };
+    let e = s(0.0).validate().unwrap_err().to_string();
+    assert!(e.contains("top_p 0"), "{e}");
+    assert!(s(1.0).validate().is_ok());
+    assert!(s(1.5).validate().is_err());
+}
+
 #[test]
 fn repetition_penalty_follows_hf() {
     let logits = [2.0f32, 1.9, -1.0, -1.1];
