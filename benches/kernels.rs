@@ -43,6 +43,13 @@ fn main() {
     let r = (|| -> Res<()> {
         let kind: BackendKind = a.backend.parse()?;
         let dtype: DType = a.dtype.parse()?;
+        if a.repeats < 5 {
+            return Err(format!(
+                "--repeats {}: at least 5 (the median of fewer is noise)",
+                a.repeats
+            )
+            .into());
+        }
         let dev = kind.device(dtype)?;
         if let Some(s) = &a.mma_min {
             use nemotron::kernels::cube::settings::Settings;
@@ -112,7 +119,7 @@ fn device_time(dev: &Device, op: &mut dyn FnMut(), n: usize, reps: usize) -> (f6
 
 /// The device-timed kernel table at the Lightning shapes.
 fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
-    let (n, reps) = (50, a.repeats.max(5));
+    let (n, reps) = (50, a.repeats);
     let esize = if dtype == BDType::F32 { 4.0 } else { 2.0 };
     let mut rng = Lcg::new(1);
     let act = |rng: &mut Lcg, shape: Vec<usize>| -> Tensor<2> {

@@ -25,7 +25,7 @@ struct Args {
     model: PathBuf,
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// Prompt tokens before the profiled step (at most 1,024).
+    /// Prompt tokens before the profiled step.
     #[arg(long, default_value_t = 1024)]
     prompt_len: usize,
     /// Profile the engine's slot step instead of the ragged forward's.
@@ -56,6 +56,9 @@ fn run(a: &Args) -> Res<()> {
     if a.batch == 0 {
         return Err("--batch 0: at least one slot".into());
     }
+    if a.prompt_len == 0 {
+        return Err("--prompt-len 0: the step follows a prefill of at least one token".into());
+    }
     let dtype: DType = a.dtype.parse()?;
     let dev = BackendKind::Cuda.device(dtype)?;
     if let Some(s) = &a.mma_min {
@@ -66,7 +69,7 @@ fn run(a: &Args) -> Res<()> {
     }
     let m = NemotronH::load_as(&a.model, &dev, dtype.burn())?;
     let v = m.config().vocab_size;
-    let prompt: Vec<u32> = (0..a.prompt_len.clamp(1, 1024))
+    let prompt: Vec<u32> = (0..a.prompt_len)
         .map(|i| ((i * 7919 + 13) % v) as u32)
         .collect();
     step_kernels(&m, &dev, &prompt, a.engine, a.batch)
