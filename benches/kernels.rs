@@ -8,12 +8,13 @@
 //!  [--mma-min SETTING]`
 //!
 //! (`--backend wgpu` with `--features wgpu`; the host backends run it too, slowly.) `--mma-min`
-//! takes `bench`'s syntax ([`nemotron::kernels::cube::settings::Settings::parse`]) and sets the
-//! defaults the rows without a path of their own run with.
+//! takes `bench`'s syntax ([`nemotron::kernels::cube::settings::Settings::parse`]) and sets what
+//! every row runs with; a row that compares paths changes only the thresholds that choose them,
+//! through the same `Settings`, and restores the settings in force after each launch.
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
-use nemotron::kernels::cube::linear::mma;
+use nemotron::kernels::cube::settings::Settings;
 use nemotron::kernels::rng::Lcg;
 use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron::{dtype_name, BackendKind, DType};
@@ -52,7 +53,6 @@ fn main() {
         }
         let dev = kind.device(dtype)?;
         if let Some(s) = &a.mma_min {
-            use nemotron::kernels::cube::settings::Settings;
             Settings::parse(s)
                 .and_then(|s| s.apply())
                 .map_err(|e| format!("--mma-min {e}"))?;
@@ -63,6 +63,24 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
+}
+
+/// Runs `f` with every plain and slot-major tensor-core path from `min.0` rows and grouped
+/// routing from `min.1` slots (`usize::MAX`: off), and FP8 rows quantized in-kernel up to `inq`
+/// where given; every other setting as in force (`--mma-min`'s included), and all of them
+/// restored after.
+fn with_paths(min: (usize, usize), inq: Option<usize>, f: impl FnOnce()) {
+    let saved = Settings::current();
+    let mut s = saved.clone();
+    (s.min.nvfp4, s.min.fp8, s.min.dense, s.min.slot_major) = (min.0, min.0, min.0, min.0);
+    s.min.grouped = min.1;
+    if let Some(q) = inq {
+        s.fp8_inq_max = q;
+    }
+    // Only the thresholds change; the tuning in force was accepted when it was set.
+    s.apply().expect("thresholds apply");
+    f();
+    saved.apply().expect("the settings in force apply again");
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -196,10 +214,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
                 flops: 2.0 * (k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None));
-                    mma::set_mma(saved);
+                    with_paths(min, None, || {
+                        drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None));
+                    });
                 }),
             });
         }
@@ -220,16 +237,15 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     + esize * (6 / div * k + 6 * nout) as f64,
                 flops: 12.0 * (k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    drop(ops::nvfp4_expert_linear(
-                        x.clone(),
-                        idx.clone(),
-                        div,
-                        &w,
-                        epi,
-                    ));
-                    mma::set_mma(saved);
+                    with_paths(min, None, || {
+                        drop(ops::nvfp4_expert_linear(
+                            x.clone(),
+                            idx.clone(),
+                            div,
+                            &w,
+                            epi,
+                        ));
+                    });
                 }),
             });
         }
@@ -256,16 +272,15 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     + esize * (tokens * k + tokens * 6 * nout) as f64,
                 flops: 2.0 * (tokens * 6 * k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    drop(ops::nvfp4_expert_linear(
-                        x.clone(),
-                        idx.clone(),
-                        6,
-                        &w,
-                        Epilogue::Relu2,
-                    ));
-                    mma::set_mma(saved);
+                    with_paths(min, None, || {
+                        drop(ops::nvfp4_expert_linear(
+                            x.clone(),
+                            idx.clone(),
+                            6,
+                            &w,
+                            Epilogue::Relu2,
+                        ));
+                    });
                 }),
             });
         }
@@ -305,10 +320,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 bytes: wbytes + esize * tokens as f64 * (k + nout) as f64,
                 flops: 2.0 * (tokens * k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    run(x.clone());
-                    mma::set_mma(saved);
+                    with_paths(min, None, || {
+                        run(x.clone());
+                    });
                 }),
             });
         }
@@ -334,12 +348,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 bytes: (nout * k) as f64 + esize * (k + nout) as f64,
                 flops: 2.0 * (k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    mma::set_fp8_inq_max(inq);
-                    drop(ops::fp8_linear(x.clone(), &w, Epilogue::None));
-                    mma::set_mma(saved);
-                    mma::set_fp8_inq_max(mma::FP8_INQ_MAX_ROWS);
+                    with_paths(min, Some(inq), || {
+                        drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))
+                    });
                 }),
             });
         }
@@ -362,10 +373,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 bytes: ws * (k * nout) as f64 + esize * k as f64 + ws * nout as f64,
                 flops: 2.0 * (k * nout) as f64,
                 op: Box::new(move || {
-                    let saved = mma::mma();
-                    mma::set_mma_min(min.0, min.1);
-                    drop(ops::dense_linear(x.clone(), w.clone()));
-                    mma::set_mma(saved);
+                    with_paths(min, None, || {
+                        drop(ops::dense_linear(x.clone(), w.clone()));
+                    });
                 }),
             });
         }

@@ -8,7 +8,11 @@
 //!  [--batch 16]] [--mma-min SETTING]`
 //!
 //! With `--engine` the step is the engine's (`decode_slots` over `--batch` slots, each holding the
-//! same prefilled prompt); without it, the ragged forward's at batch 1.
+//! same prefilled prompt); without it, the ragged forward's at batch 1. With `--prefill` the
+//! profiled range is instead one prefill of `--batch` prompts of `--prompt-len` tokens (the ragged
+//! forward over fresh states, after one warm-up prefill of the same shape): the load and the
+//! warm-up run outside ncu's range, so a 64 × 128 prefill is profiled in a fraction of the time
+//! `ncu` over a whole `bench` run takes.
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
@@ -31,9 +35,13 @@ struct Args {
     /// Profile the engine's slot step instead of the ragged forward's.
     #[arg(long)]
     engine: bool,
-    /// Slots of the engine's step (with --engine; the ragged step is batch 1).
+    /// Slots of the engine's step (with --engine), or prompts of the profiled prefill (with
+    /// --prefill); the ragged decode step is batch 1.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Profile one prefill of --batch prompts of --prompt-len tokens instead of a decode step.
+    #[arg(long)]
+    prefill: bool,
     /// One kernel setting (`bench --mma-min`'s syntax) instead of the library's defaults.
     #[arg(long)]
     mma_min: Option<String>,
@@ -50,8 +58,17 @@ fn main() {
 }
 
 fn run(a: &Args) -> Res<()> {
-    if a.batch != 1 && !a.engine {
-        return Err("--batch applies to the engine's step: add --engine".into());
+    if a.prefill && a.engine {
+        return Err(
+            "--prefill profiles the ragged forward's prefill, --engine the engine's decode step: \
+             pick one"
+                .into(),
+        );
+    }
+    if a.batch != 1 && !a.engine && !a.prefill {
+        return Err(
+            "--batch applies to the engine's step or a prefill: add --engine or --prefill".into(),
+        );
     }
     if a.batch == 0 {
         return Err("--batch 0: at least one slot".into());
@@ -72,7 +89,39 @@ fn run(a: &Args) -> Res<()> {
     let prompt: Vec<u32> = (0..a.prompt_len)
         .map(|i| ((i * 7919 + 13) % v) as u32)
         .collect();
-    step_kernels(&m, &dev, &prompt, a.engine, a.batch)
+    if a.prefill {
+        prefill_kernels(&m, &dev, &prompt, a.batch)
+    } else {
+        step_kernels(&m, &dev, &prompt, a.engine, a.batch)
+    }
+}
+
+/// One prefill of `batch` copies of `prompt` over fresh states, profiled after one warm-up
+/// prefill of the same shape.
+fn prefill_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize) -> Res<()> {
+    let prompts = vec![prompt; batch];
+    let run = || -> Res<Tensor<2>> {
+        let mut states: Vec<_> = (0..batch).map(|_| m.new_state()).collect();
+        let mut refs: Vec<_> = states.iter_mut().collect();
+        Ok(m.forward_last(&prompts, &mut refs)?)
+    };
+    drop(run()?);
+    sync(dev)?;
+    profiler(true)?;
+    let t0 = Instant::now();
+    let out = run()?;
+    let t1 = Instant::now();
+    sync(dev)?;
+    let t2 = Instant::now();
+    profiler(false)?;
+    drop(out);
+    println!(
+        "profiled one prefill of {batch} × {} tokens: host dispatch {:.1} ms, wall {:.1} ms",
+        prompt.len(),
+        (t1 - t0).as_secs_f64() * 1e3,
+        (t2 - t0).as_secs_f64() * 1e3
+    );
+    Ok(())
 }
 
 fn sync(dev: &Device) -> Res<()> {

@@ -33,7 +33,7 @@ muts = [
   "+ xf[g * 4 + 3] * wf[i + 3];", ";", "ops"),
  ("generator's slot decode feeds token 0", "nemotron-model/src/generate.rs",
   "TensorData::new(vec![token as i32], [1, 1]),", "TensorData::new(vec![0i32], [1, 1]),", "generation"),
- ("in_proj's dense split hands dt the last xBC columns", "nemotron-model/src/linear.rs",
+ ("in_proj's dense split hands dt the last xBC columns", "nemotron-model/src/layers/linear.rs",
   "[0..a, a..b, b..b + widths[2]]", "[0..a, a..b, b - widths[2]..b]", "hf_parity"),
  ("three-part store puts the first xBC output into z", "nemotron-kernels/src/cube/linear/mod.rs",
   "        if n < a {\n            y[slot * a + n] = v;", "        if n <= a && n < b {\n            y[slot * a + n.min(a - 1)] = v;", "ops"),

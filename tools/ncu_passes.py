@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Where one prefill pass goes, from `call.sh pncu` / `pncu16` / `pncu64` CSV (ncu,
-`gpu__time_duration.sum`, every kernel of a `bench` run without --engine).
+`gpu__time_duration.sum`, every kernel of a `bench` run without --engine), or from `call.sh
+pncup B` (`examples/profile --prefill`: the CSV holds one prefill pass and nothing else; give
+`--skip 0`).
 
     python3 tools/ncu_passes.py ncu_prefill64.csv[.xz] [--top N] [--launches NAME GRID]
 

@@ -15,20 +15,14 @@
 // stands with the invariant that makes it safe written beside it.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod attention;
-pub mod block;
 pub mod cache;
 pub mod deviation;
 pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod graph;
-pub mod linear;
-pub mod mamba2;
-pub mod mlp;
+pub mod layers;
 pub mod model;
-pub mod moe;
-pub mod norm;
 pub mod request;
 pub mod runner;
 pub mod sampling;

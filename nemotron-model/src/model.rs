@@ -1,11 +1,11 @@
 //! The NemotronH stack: embeddings → blocks → `norm_f` → `lm_head`, built from a loaded checkpoint.
 
-use crate::block::Block;
 use crate::cache::{BatchLayer, SequenceState};
 use crate::error::ModelError;
-use crate::linear::Linear;
-use crate::moe::MoeOut;
-use crate::norm::RmsNorm;
+use crate::layers::block::Block;
+use crate::layers::linear::Linear;
+use crate::layers::moe::MoeOut;
+use crate::layers::norm::RmsNorm;
 use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
@@ -157,7 +157,7 @@ impl NemotronH {
         Ok(self.head(x))
     }
 
-    pub(crate) fn norm_f(&self) -> &crate::norm::RmsNorm {
+    pub(crate) fn norm_f(&self) -> &crate::layers::norm::RmsNorm {
         &self.norm_f
     }
 

@@ -6,12 +6,12 @@
 //! A prefilled sequence (the ragged forward, which stays the reference and the prefill path)
 //! enters its slot with [`NemotronH::load_slot`].
 
-use crate::attention::Attention;
-use crate::block::Mixer;
 use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer, SlotState};
 use crate::error::ModelError;
+use crate::layers::attention::Attention;
+use crate::layers::block::Mixer;
+use crate::layers::moe::MoeOut;
 use crate::model::NemotronH;
-use crate::moe::MoeOut;
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
 

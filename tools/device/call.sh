@@ -17,6 +17,7 @@
 #   ops F        only the ops tests whose names contain one of the comma-separated F
 #   pall         engine prefill and 64 decode steps at 1 x 1,024, 16 and 64 x 128 (one load)
 #   pf3          pf without the 12,288-token prompt
+#   p1           engine prefill of 1 x 1,024 and 8,192 tokens, 8 decode steps (one load)
 #   pcmp S       pall's sizes (8 decode steps) once per --mma-min setting of the ;-separated S
 #   p8 S         engine prefill of 1 x 8,192 tokens (8 decode steps) once per --mma-min setting
 #                of the ;-separated S
@@ -30,6 +31,8 @@
 #   pncu         ncu over one 1K prefill pass (every kernel's duration, CSV)
 #   pncu16       the same over one 16 x 128 prefill pass
 #   pncu64       the same over one 64 x 128 prefill pass
+#   pncup B      ncu over one B x 128 prefill alone (examples/profile --prefill: the load and a
+#                warm-up prefill outside the profiled range; kernel durations, CSV)
 #   pncud B      ncu sections (speed of light, occupancy, warp states, compute and memory
 #                workload) over the first 14 tensor-core, scan, router and attention kernels of
 #                one B x 128 prefill pass
@@ -106,6 +109,8 @@ while [ $# -gt 0 ]; do
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf
         bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
+    p1) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+          --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf ;;
     pcmp)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
@@ -146,6 +151,10 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch 64 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill64.csv" ;;
+    pncup) bench ncu_prefill_b$1.csv timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
+          --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/profile --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1"
+        xz -f "$OUT/ncu_prefill_b$1.csv"; shift ;;
     pncud) bench ncu_prefill_detail.txt timeout 500 /usr/local/cuda/bin/ncu --clock-control none \
           --kernel-name 'regex:tile|mma_kernel|scan_rows|matmul_rows|attn|softmax' --launch-count 14 \
           --section SpeedOfLight --section Occupancy --section LaunchStats \

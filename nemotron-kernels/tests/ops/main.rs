@@ -523,6 +523,8 @@ fn settings_parse_each_key_into_its_field() {
         ("tw=5", "tw=5"),
         ("nt=12", "nt=12"),
         ("rf=3", "rf=3"),
+        ("tp=0", "tp=0"),
+        ("tp=5", "tp=5"),
         ("grp=3", "grp=3"),
         ("scanchunk=0", "scanchunk=0"),
         ("attn=flash", "attn"),

@@ -1,6 +1,6 @@
 //! The non-gated relu² MLP: `down(relu(up · x)²)`, used by the dense `-` layers and by every expert.
 
-use crate::linear::Linear;
+use crate::layers::linear::Linear;
 use burn::tensor::{DType, Device, Tensor};
 use nemotron_kernels::Epilogue;
 use nemotron_loader::{ExpertWeights, MlpWeights};

@@ -1,11 +1,11 @@
 //! A pre-norm residual block with one mixer: `x + mixer(RMSNorm(x))`.
 
-use crate::attention::Attention;
 use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
-use crate::mamba2::Mamba2;
-use crate::mlp::Mlp;
-use crate::moe::{Moe, MoeOut};
-use crate::norm::RmsNorm;
+use crate::layers::attention::Attention;
+use crate::layers::mamba2::Mamba2;
+use crate::layers::mlp::Mlp;
+use crate::layers::moe::{Moe, MoeOut};
+use crate::layers::norm::RmsNorm;
 use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor};

@@ -1,7 +1,7 @@
 //! GQA causal attention without positional encoding (NemotronH has no RoPE).
 
 use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
-use crate::linear::Linear;
+use crate::layers::linear::Linear;
 use crate::util::from_vec;
 use burn::tensor::{activation::softmax, DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};

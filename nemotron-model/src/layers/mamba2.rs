@@ -2,8 +2,8 @@
 //! gated group RMSNorm → out_proj.
 
 use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
-use crate::linear::Linear;
-use crate::norm::GatedRmsNorm;
+use crate::layers::linear::Linear;
+use crate::layers::norm::GatedRmsNorm;
 use crate::util::{float, from_vec};
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor};

@@ -7,8 +7,8 @@
 //! is a tensor reduction (NVFP4, FP8 W8A8 and dense experts). Only checkpoints whose experts mix
 //! weight forms (none released) fall back to grouping tokens by expert on the host.
 
-use crate::linear::{fp8_matrix, nvfp4_matrix};
-use crate::mlp::Mlp;
+use crate::layers::linear::{fp8_matrix, nvfp4_matrix};
+use crate::layers::mlp::Mlp;
 use crate::util::{float, float_transposed, from_f32, to_f32};
 use burn::backend::Dispatch;
 use burn::tensor::{DType, Device, IndexingUpdateOp, Int, Tensor, TensorData};
@@ -277,7 +277,7 @@ mod tests {
     //! The stacked expert paths (indices read on the device) against the expert-by-expert path
     //! (routing read on the host), same weights, on the host (Flex).
     use super::*;
-    use crate::linear::Linear;
+    use crate::layers::linear::Linear;
     use nemotron_kernels::{Fp8Matrix, Nvfp4Matrix};
     use nemotron_loader::formats as fmt;
 
