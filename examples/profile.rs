@@ -106,20 +106,12 @@ fn prefill_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], batch: usize) ->
         Ok(m.forward_last(&prompts, &mut refs)?)
     };
     drop(run()?);
-    sync(dev)?;
-    profiler(true)?;
-    let t0 = Instant::now();
-    let out = run()?;
-    let t1 = Instant::now();
-    sync(dev)?;
-    let t2 = Instant::now();
-    profiler(false)?;
-    drop(out);
+    let (dispatch, wall) = profiled(dev, run)?;
     println!(
         "profiled one prefill of {batch} × {} tokens: host dispatch {:.1} ms, wall {:.1} ms",
         prompt.len(),
-        (t1 - t0).as_secs_f64() * 1e3,
-        (t2 - t0).as_secs_f64() * 1e3
+        dispatch * 1e3,
+        wall * 1e3
     );
     Ok(())
 }
@@ -158,22 +150,29 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool, batch:
     }
     // The slots' lengths advanced with every step: rewind them (outside the profiled range).
     load_all(&mut st)?;
+    let (dispatch, wall) = profiled(dev, || step(&mut st))?;
+    println!(
+        "profiled one {} decode step (batch {batch}): host dispatch {:.1} µs, wall {:.1} µs",
+        if slots { "slot (engine)" } else { "ragged" },
+        dispatch * 1e6,
+        wall * 1e6
+    );
+    Ok(())
+}
+
+/// Runs `f` between `cuProfilerStart` and `cuProfilerStop` after the device's earlier work
+/// ends: the seconds to dispatch it and to finish it on the device.
+fn profiled<T>(dev: &Device, f: impl FnOnce() -> Res<T>) -> Res<(f64, f64)> {
     sync(dev)?;
     profiler(true)?;
     let t0 = Instant::now();
-    let out = step(&mut st)?;
+    let out = f()?;
     let t1 = Instant::now();
     sync(dev)?;
     let t2 = Instant::now();
     profiler(false)?;
     drop(out);
-    println!(
-        "profiled one {} decode step (batch {batch}): host dispatch {:.1} µs, wall {:.1} µs",
-        if slots { "slot (engine)" } else { "ragged" },
-        (t1 - t0).as_secs_f64() * 1e6,
-        (t2 - t0).as_secs_f64() * 1e6
-    );
-    Ok(())
+    Ok(((t1 - t0).as_secs_f64(), (t2 - t0).as_secs_f64()))
 }
 
 /// `cuProfilerStart` / `cuProfilerStop` in the primary context CubeCL runs in (made current on
