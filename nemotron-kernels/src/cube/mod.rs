@@ -110,12 +110,14 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
             m.grouped = linear::mma::MmaMin::default().grouped;
             m.tile = linear::mma::MmaMin::default().tile;
             m.fp8_tile = linear::mma::MmaMin::default().fp8_tile;
+            m.fp8_gemm = linear::mma::MmaMin::default().fp8_gemm;
             linear::mma::set_sort_min_slots(linear::mma::MMA_MAX_SLOTS + 1);
         }
         PrefillKernels::Tiled => {
             m.grouped = 1;
             m.tile = 1;
             m.fp8_tile = 1;
+            m.fp8_gemm = 1;
             linear::mma::set_sort_min_slots(1);
         }
     }

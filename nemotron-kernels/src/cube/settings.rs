@@ -78,7 +78,7 @@ impl Settings {
     /// slot-major tensor-core path from ROWS rows, grouped routing from SLOTS slots) or
     /// comma-separated `key=value` items — `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped`,
     /// `tile` (the tiled NVFP4 kernel: plain rows and grouped slots), `fp8tile` (the tiled FP8
-    /// kernel: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
+    /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
@@ -139,6 +139,7 @@ impl Settings {
                 "grouped" => s.min.grouped = num(v)?,
                 "tile" => s.min.tile = num(v)?,
                 "fp8tile" => s.min.fp8_tile = num(v)?,
+                "fp8gemm" => s.min.fp8_gemm = num(v)?,
                 "inq" => s.fp8_inq_max = num(v)?,
                 "grp" => s.tune.group = num(v)?,
                 "threads" => s.tune.threads = num(v)?,

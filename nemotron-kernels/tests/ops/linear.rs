@@ -401,28 +401,39 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
     // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to,
-    // tiled NVFP4 and FP8 from).
+    // tiled NVFP4 and FP8 from, FP8 GEMM from).
     let paths = [
-        ("tensor cores", 1usize, 1usize, 8usize, usize::MAX),
-        ("tensor cores tiled", 1, 1, 8, 1),
+        (
+            "tensor cores",
+            1usize,
+            1usize,
+            8usize,
+            usize::MAX,
+            usize::MAX,
+        ),
+        ("tensor cores tiled", 1, 1, 8, 1, usize::MAX),
+        ("tensor cores FP8 GEMM", 1, 1, 0, usize::MAX, 1),
         (
             "tensor cores slot-major, FP8 rows quantized apart",
             1,
             usize::MAX,
             0,
             usize::MAX,
+            usize::MAX,
         ),
-        ("GEMV", usize::MAX, usize::MAX, 0, usize::MAX),
+        ("GEMV", usize::MAX, usize::MAX, 0, usize::MAX, usize::MAX),
     ];
     let paths: Vec<_> = paths
         .into_iter()
         .filter(|p| !tiled_only || p.0 == "tensor cores tiled")
+        .map(|(name, rows, slots, inq, tile, gemm)| (name, rows, slots, (inq, tile, gemm)))
         .collect();
-    let set = |rows: usize, slots: usize, inq: usize, tile: usize| {
+    let set = |rows: usize, slots: usize, (inq, tile, gemm): (usize, usize, usize)| {
         mma::set_mma_min(rows, slots);
         mma::set_mma(mma::MmaMin {
             tile,
             fp8_tile: tile,
+            fp8_gemm: gemm,
             ..mma::mma()
         });
         mma::set_fp8_inq_max(inq);
@@ -446,8 +457,8 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
                 &Nvfp4Weights::upload(&w, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq, tile) in paths.iter().copied() {
-                set(rows, slots, inq, tile);
+            for (path, rows, slots, knobs) in paths.iter().copied() {
+                set(rows, slots, knobs);
                 let got = host(ops::nvfp4_linear(
                     arm.t(&x, [m, k]),
                     &Nvfp4Weights::upload(&w, &arm.dev),
@@ -480,8 +491,8 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
                 &Nvfp4Weights::upload(&nv, &href.dev),
                 epi,
             ));
-            for (path, rows_min, slots_min, inq, tile) in paths.iter().copied() {
-                set(rows_min, slots_min, inq, tile);
+            for (path, rows_min, slots_min, knobs) in paths.iter().copied() {
+                set(rows_min, slots_min, knobs);
                 let got = host(ops::nvfp4_expert_linear(
                     arm.t(&x, [rows, k]),
                     arm.int(&idx),
@@ -504,6 +515,9 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
         // Quantized apart (past the in-kernel rows) with a ragged last step of the tiled
         // kernel (168 chunks: 10.5 steps of 16).
         (20, 2688, [40, 56, 8]),
+        // The FP8 GEMM past one cube tile both ways (128 rows × 128 tokens), both ragged, and
+        // a last step of one chunk (17 chunks: 4.25 steps of 4).
+        (300, 272, [130, 60, 100]),
     ] {
         let n: usize = widths.iter().sum();
         let x = rng.vec(m * k, 3.0);
@@ -515,8 +529,8 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
                 &Fp8Weights::upload(&f8, &href.dev),
                 epi,
             ));
-            for (path, rows, slots, inq, tile) in paths.iter().copied() {
-                set(rows, slots, inq, tile);
+            for (path, rows, slots, knobs) in paths.iter().copied() {
+                set(rows, slots, knobs);
                 let got = host(ops::fp8_linear(
                     arm.t(&x, [m, k]),
                     &Fp8Weights::upload(&f8, &arm.dev),
@@ -558,8 +572,8 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
         let x = rng.vec(m * k, 1.0);
         let w = rng.vec(n * k, 0.05);
         let want = host(ops::dense_linear(href.t(&x, [m, k]), href.t(&w, [n, k])));
-        for (path, rows, slots, inq, tile) in paths.iter().copied() {
-            set(rows, slots, inq, tile);
+        for (path, rows, slots, knobs) in paths.iter().copied() {
+            set(rows, slots, knobs);
             let got = host(ops::dense_linear(arm.t(&x, [m, k]), arm.t(&w, [n, k])));
             close(
                 &format!("dense {path} {m}×{k}→{n}"),

@@ -413,6 +413,33 @@ fn linear_plan_picks_each_tier() {
         ..tc
     };
     assert_eq!(path(fp(1024, 2688), &tiled), P::Tiled { grouped: false });
+    let gemm = Limits {
+        min: MmaMin {
+            fp8_gemm: 512,
+            ..tiled.min
+        },
+        ..tc
+    };
+    assert_eq!(
+        path(fp(1024, 2688), &gemm),
+        P::Gemm,
+        "the GEMM before the tiled kernel"
+    );
+    assert_eq!(
+        path(fp(511, 2688), &gemm),
+        P::Tiled { grouped: false },
+        "below the GEMM's rows"
+    );
+    assert_eq!(
+        path(fp(1, 2688), &gemm),
+        P::Mma(MmaForm::Rows),
+        "one row quantized in-kernel, not the GEMM"
+    );
+    assert_eq!(
+        path(call(Format::Nvfp4, 1024, 2688, false, 1), &gemm),
+        P::Tiled { grouped: false },
+        "no NVFP4 GEMM"
+    );
     assert_eq!(
         path(fp(1, 2688), &tiled),
         P::Mma(MmaForm::Rows),
@@ -466,7 +493,7 @@ fn settings_parse_each_key_into_its_field() {
     let d = Settings::default();
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
-        "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,inq=2,grp=4,\
+        "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
          threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
          pipe=on,fuse=off,attn=split",
     )
@@ -480,9 +507,10 @@ fn settings_parse_each_key_into_its_field() {
             m.slot_major,
             m.grouped,
             m.tile,
-            m.fp8_tile
+            m.fp8_tile,
+            m.fp8_gemm
         ),
-        (3, 5, 7, 9, 11, 13, usize::MAX)
+        (3, 5, 7, 9, 11, 13, usize::MAX, 31)
     );
     let t = s.tune;
     assert_eq!(

@@ -408,8 +408,8 @@ pub fn launch3<R: CubeRuntime>(
 fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
     let path = c.plan(Format::Fp8, 1).path;
     match path {
-        LinearPath::Tiled { .. } | LinearPath::Mma(_) => {
-            super::mma::fp8(c, &w, matches!(path, LinearPath::Tiled { .. }));
+        LinearPath::Tiled { .. } | LinearPath::Mma(_) | LinearPath::Gemm => {
+            super::mma::fp8(c, &w, path);
             return;
         }
         _ => {}

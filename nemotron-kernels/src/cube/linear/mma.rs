@@ -90,13 +90,14 @@ pub fn sort_min_slots() -> usize {
     SORT_MIN_SLOTS.load(Ordering::Relaxed)
 }
 
-static MIN: [AtomicUsize; 7] = [
+static MIN: [AtomicUsize; 8] = [
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_SLOTS),
     AtomicUsize::new(MMA_TILE_MIN),
+    AtomicUsize::new(usize::MAX),
     AtomicUsize::new(usize::MAX),
 ];
 
@@ -110,6 +111,7 @@ pub fn set_mma(m: MmaMin) {
         m.grouped,
         m.tile,
         m.fp8_tile,
+        m.fp8_gemm,
     ]) {
         cell.store(v, Ordering::Relaxed);
     }
@@ -126,6 +128,7 @@ pub fn mma() -> MmaMin {
         grouped: v(4),
         tile: v(5),
         fp8_tile: v(6),
+        fp8_gemm: v(7),
     }
 }
 
@@ -140,6 +143,7 @@ pub fn set_mma_min(rows: usize, slots: usize) {
         grouped: slots,
         tile: MMA_TILE_MIN,
         fp8_tile: usize::MAX,
+        fp8_gemm: usize::MAX,
     });
 }
 
@@ -1124,9 +1128,10 @@ pub(crate) struct GatedNorm<R: CubeRuntime> {
 
 /// The tensor-core launch of a plain FP8 call, as [`super::plan`] chose it (bf16,
 /// `k % 16 == 0`, CUDA E4M3 `mma`, enough rows): a few rows quantized inside the kernel, more to
-/// E4M3 bytes once first, then the `mma` kernel, or the tiled one when `tiled`.
-pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, tiled: bool) {
-    fp8_with(c, w, None, tiled)
+/// E4M3 bytes once first, then the `mma` kernel, or the tiled kernel or the GEMM where `path`
+/// says so.
+pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, path: LinearPath) {
+    fp8_with(c, w, None, path)
 }
 
 /// [`fp8`] of `rms_norm(x, gate)` with the norm computed by every cube in its prologue (one
@@ -1151,7 +1156,7 @@ pub(crate) fn fp8_gated<R: CubeRuntime>(
     {
         return false;
     }
-    fp8_with(c, w, Some(norm), false);
+    fp8_with(c, w, Some(norm), LinearPath::Mma(MmaForm::Rows));
     true
 }
 
@@ -1159,7 +1164,7 @@ fn fp8_with<R: CubeRuntime>(
     c: &Call<R>,
     w: &Fp8Weights<CubeBackend<R>>,
     norm: Option<&GatedNorm<R>>,
-    tiled: bool,
+    path: LinearPath,
 ) {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
@@ -1200,9 +1205,16 @@ fn fp8_with<R: CubeRuntime>(
         );
         xq
     };
-    if tiled && inq == 0 {
-        super::tile::fp8(c, &xq, &w.weight, &is, &ws, tuning().tile_shape());
-        return;
+    match path {
+        LinearPath::Gemm if inq == 0 => {
+            super::gemm::fp8(c, &xq, &w.weight, &is, &ws);
+            return;
+        }
+        LinearPath::Tiled { .. } if inq == 0 => {
+            super::tile::fp8(c, &xq, &w.weight, &is, &ws, tuning().tile_shape());
+            return;
+        }
+        _ => {}
     }
     let nt = tiles(c.slots);
     let (block, nblocks) = blocks(c.slots, nt);

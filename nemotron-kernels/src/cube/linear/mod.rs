@@ -5,6 +5,7 @@
 pub mod dispatch;
 pub mod fp8;
 pub mod frag;
+pub mod gemm;
 pub mod grouped;
 pub mod mma;
 pub mod nvfp4;

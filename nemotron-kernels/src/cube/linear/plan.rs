@@ -7,7 +7,7 @@
 //! 1. **Tensor cores** (bf16 activations, `k` a multiple of 32 (NVFP4) or 16 (FP8), the device's
 //!    `mma`, enough rows — [`MmaMin`]): the tiled kernel ([`super::tile`]) from
 //!    [`MmaMin::tile`] plain NVFP4 rows or grouped slots (FP8: [`MmaMin::fp8_tile`] rows
-//!    quantized apart), else [`super::mma`]'s kernel over plain rows, slots grouped by expert
+//!    quantized apart; before it, [`MmaMin::fp8_gemm`] rows for [`super::gemm`]), else [`super::mma`]'s kernel over plain rows, slots grouped by expert
 //!    (from [`MmaMin::grouped`], `E` within the grid's y limit) or slot-major.
 //! 2. **Expert-major GEMV** ([`super::grouped`]; routed NVFP4 from its slot threshold, `k` up
 //!    to 4,096).
@@ -42,6 +42,10 @@ pub struct MmaMin {
     /// than [`super::mma::fp8_mma_kernel()`] at 1,024 rows (`in_proj` 0.338 against 0.333 ms per layer,
     /// `out_proj` 0.145 against 0.121; PERF §17).
     pub fp8_tile: usize,
+    /// Plain FP8 rows (quantized apart) from which FP8 runs the GEMM with both operands staged
+    /// in shared memory ([`super::gemm`]); before the tiled kernel. Off by default until
+    /// measured against [`super::mma::fp8_mma_kernel()`] at the real shapes.
+    pub fp8_gemm: usize,
 }
 
 impl Default for MmaMin {
@@ -54,6 +58,7 @@ impl Default for MmaMin {
             grouped: MMA_MIN_SLOTS,
             tile: MMA_TILE_MIN,
             fp8_tile: usize::MAX,
+            fp8_gemm: usize::MAX,
         }
     }
 }
@@ -89,6 +94,8 @@ pub enum LinearPath {
     /// The tiled tensor-core kernel ([`super::tile`]): plain rows, or (NVFP4) slots grouped by
     /// expert.
     Tiled { grouped: bool },
+    /// The FP8 GEMM with both operands staged in shared memory ([`super::gemm`]): plain rows.
+    Gemm,
     /// The tensor-core kernel of [`super::mma`].
     Mma(MmaForm),
     /// Routed NVFP4 slots grouped by expert, GEMV cubes per (row block, expert)
@@ -202,6 +209,9 @@ fn tensor_cores(s: &LinearShape, l: &Limits) -> Option<LinearPlan> {
             // A few rows are quantized inside the kernel; more apart first (the tiled kernel
             // reads them quantized).
             let inq = s.slots <= l.inq_max && s.slots * s.k / 4 <= INQ_MAX_WORDS;
+            if !inq && s.slots >= m.fp8_gemm {
+                return p(LinearPath::Gemm, "enough rows for the FP8 GEMM");
+            }
             if !inq && s.slots >= m.fp8_tile {
                 return p(
                     LinearPath::Tiled { grouped: false },

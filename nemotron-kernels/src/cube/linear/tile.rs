@@ -569,7 +569,7 @@ pub fn fp8_tile_kernel<NW: Size>(
 /// One E4M3 `k32` `mma` of token tile `j` into a zeroed accumulator, added to `acc` in f32:
 /// `A` = `ra`, `B` = the activation words `x0`, `x1`.
 #[cube]
-fn mma_e4m3(
+pub(super) fn mma_e4m3(
     def: &MmaDefinition<Fp8E4m3, Fp8E4m3, f32>,
     ra: &Array<Vector<Fp8E4m3, Const<4>>>,
     x0: u32,
