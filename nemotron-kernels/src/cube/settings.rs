@@ -85,7 +85,8 @@ impl Settings {
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
     /// shared staging buffers: two barriers per step, or one); `tp=1..4` (cube rows per expert
-    /// of a routed tiled launch); `rf=1|2` (16-row
+    /// of a routed tiled launch); `gw=2|4` (warps along tokens of the FP8 GEMM: 64 or 128 tokens
+    /// per cube); `gk=1|2` (its 64-input groups per staged step); `rf=1|2` (16-row
     /// fragments per warp of the tiled NVFP4 kernel); `scanpair=N` (the scan's lanes take two
     /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
@@ -148,6 +149,8 @@ impl Settings {
                 "rf" => s.tune.tile_frags = num(v)?,
                 "buf" => s.tune.tile_buffers = num(v)?,
                 "tp" => s.tune.tile_parts = num(v)?,
+                "gw" => s.tune.gemm_warps_n = num(v)?,
+                "gk" => s.tune.gemm_steps = num(v)?,
                 "scanpair" => s.scan_pair_min = num(v)?,
                 "scanchunk" => match num(v)? {
                     0 => return Err(format!("{text:?}: scanchunk=0: at least one step")),

@@ -357,12 +357,13 @@ pub fn mma_linears_match(arm: &Arm) {
             ..mma::MmaTuning::default()
         });
     }
-    // The tiled kernels' other shapes (bf16 only; the tiled path alone): 4 or 8 warps (64 or
+    // The tiled kernels' other shapes (bf16 only; the tiled and GEMM paths alone): 4 or 8 warps (64 or
     // 128 weight rows), up to 4, 8 or 16 token tiles, one or two 16-row fragments per warp, one
     // or two staging buffers, 1–4 cube rows per expert.
     let mut tiled = vec![];
     if arm.dtype == burn::tensor::DType::BF16 {
-        for (tile_warps, tile_tiles, tile_frags, tile_buffers, tile_parts) in [
+        // With them the FP8 GEMM's shapes: 2 or 4 warps along tokens, 1 or 2 groups per step.
+        for (i, (tile_warps, tile_tiles, tile_frags, tile_buffers, tile_parts)) in [
             (4, 8, 1, 1, 1),
             (8, 8, 1, 2, 2),
             (8, 16, 1, 2, 1),
@@ -373,13 +374,18 @@ pub fn mma_linears_match(arm: &Arm) {
             (8, 4, 2, 2, 2),
             (4, 4, 2, 1, 1),
             (4, 16, 2, 2, 1),
-        ] {
+        ]
+        .into_iter()
+        .enumerate()
+        {
             tiled.push(mma::MmaTuning {
                 tile_warps,
                 tile_tiles,
                 tile_frags,
                 tile_buffers,
                 tile_parts,
+                gemm_warps_n: [2, 4][i % 2],
+                gemm_steps: [1, 2][(i / 2) % 2],
                 ..mma::MmaTuning::default()
             });
         }
@@ -425,7 +431,7 @@ fn mma_linears_case(arm: &Arm, tiled_only: bool) {
     ];
     let paths: Vec<_> = paths
         .into_iter()
-        .filter(|p| !tiled_only || p.0 == "tensor cores tiled")
+        .filter(|p| !tiled_only || p.0.starts_with("tensor cores tiled") || p.0.ends_with("GEMM"))
         .map(|(name, rows, slots, inq, tile, gemm)| (name, rows, slots, (inq, tile, gemm)))
         .collect();
     let set = |rows: usize, slots: usize, (inq, tile, gemm): (usize, usize, usize)| {

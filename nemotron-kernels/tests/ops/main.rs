@@ -494,7 +494,7 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
         "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
-         threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
+         threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,gw=2,gk=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
          pipe=on,fuse=off,attn=split",
     )
     .unwrap();
@@ -526,6 +526,7 @@ fn settings_parse_each_key_into_its_field() {
         (4, 99, 4, 16, 2, 2, 3)
     );
     assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
+    assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
     assert_eq!(
         (s.fp8_inq_max, s.scan_pair_min, s.attn),
         (2, 17, AttnForm::Split)

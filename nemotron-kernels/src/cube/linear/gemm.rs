@@ -1,6 +1,6 @@
 //! Tensor-core FP8 W8A8 GEMM over many rows (prefill `in_proj` / `out_proj`): both operands
-//! staged in shared memory, a cube tile of [`GEMM_ROWS`] weight rows × [`GEMM_TOKENS`] tokens,
-//! each warp a 64-row × 32-token tile of the cube's.
+//! staged in shared memory, a cube tile of [`GEMM_ROWS`] weight rows × 64 or 128 tokens
+//! ([`GemmShape::warps_n`]), each warp a 64-row × 32-token tile of the cube's.
 //!
 //! **Why.** [`super::mma::fp8_mma_kernel()`] gives a cube one 16-row tile and its warps split K:
 //! every `mma` reads its weight fragment from global memory (L1) and each activation vector is
@@ -23,7 +23,7 @@
 //! 16-byte bank groups. Two buffers: a step's stores go to the buffer the previous step did not
 //! read, so one barrier per step.
 //!
-//! Grid: x = tiles of [`GEMM_ROWS`] weight rows, y = blocks of [`GEMM_TOKENS`] tokens (folded
+//! Grid: x = tiles of [`GEMM_ROWS`] weight rows, y = blocks of the cube's tokens (folded
 //! onto z past 65,535). CUDA only (the E4M3 `mma`; [`super::plan`] checks).
 
 use super::super::buffers::{arg, yz};
@@ -38,16 +38,26 @@ use cubecl::prelude::*;
 
 /// Warps of a cube along the weight rows.
 const WARPS_M: usize = 2;
-/// Warps of a cube along the tokens.
-const WARPS_N: usize = 4;
+/// Warps of a cube along the tokens by default ([`GemmShape::warps_n`]).
+pub const GEMM_WARPS_N: usize = 4;
+/// Groups of 64 inputs per staged step by default ([`GemmShape::steps`]).
+pub const GEMM_STEPS: usize = 1;
 /// 16-row fragments per warp.
 const FRAGS_M: usize = 4;
 /// 8-token tiles per warp.
 const TILES_N: usize = 4;
 /// Weight rows per cube.
 pub const GEMM_ROWS: usize = WARPS_M * FRAGS_M * 16;
-/// Tokens per cube.
-pub const GEMM_TOKENS: usize = WARPS_N * TILES_N * 8;
+
+/// A GEMM launch's cube shape, from [`super::mma::MmaTuning`] (the caller passes it, so this
+/// module reads no setting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmShape {
+    /// Warps along the tokens (2 or 4: 64 or 128 tokens per cube).
+    pub warps_n: usize,
+    /// Groups of 64 inputs per staged step (1 or 2: one barrier per 64 or 128 inputs).
+    pub steps: usize,
+}
 
 /// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
 /// activation codes (rows quantized apart), both staged in shared memory (module docs).
@@ -70,6 +80,7 @@ pub fn fp8_gemm_kernel<NW: Size>(
     #[comptime] wn: usize,
     #[comptime] fm: usize,
     #[comptime] tn: usize,
+    #[comptime] gk: usize,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
 ) {
@@ -90,7 +101,8 @@ pub fn fp8_gemm_kernel<NW: Size>(
     let wr = (warp % wm) * fm * 16;
     let wt = (warp / wm) * tn * 8;
     let chunks = k / 16;
-    let steps = chunks.div_ceil(4);
+    // A step is `gk` groups of 4 chunks (64 inputs each).
+    let steps = chunks.div_ceil(comptime!(4 * gk));
     let def = MmaDefinition::<Fp8E4m3, Fp8E4m3, f32>::new(16usize, 8usize, 32usize);
     // Staging: thread `tid` loads chunk `tid % 4` of rows (tokens) `tid / 4 + r · threads / 4`;
     // rows and tokens past the ends read the last one and are never written.
@@ -108,23 +120,19 @@ pub fn fp8_gemm_kernel<NW: Size>(
     for r in 0..pb {
         gb[r] = (first + tid / 4 + r * comptime!(threads / 4)).min(count - 1) * chunks;
     }
-    let stage_a = comptime!(bm * 4);
-    let stage_b = comptime!(bn * 4);
-    let mut sa = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(2 * bm * 4));
-    let mut sb = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(2 * bn * 4));
-    let mut la = Array::<Vector<u32, NW>>::new(pa);
-    let mut lb = Array::<Vector<u32, NW>>::new(pb);
+    // A buffer holds a step: group `q`'s row `r`, chunk `c` at `q · rows · 4 + 4r + c`.
+    let stage_a = comptime!(gk * bm * 4);
+    let stage_b = comptime!(gk * bn * 4);
+    let mut sa = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(2 * gk * bm * 4));
+    let mut sb = Shared::<[Vector<u32, NW>]>::new_slice(comptime!(2 * gk * bn * 4));
+    let mut la = Array::<Vector<u32, NW>>::new(comptime!(gk * pa));
+    let mut lb = Array::<Vector<u32, NW>>::new(comptime!(gk * pb));
     gemm_load(
-        xq, weight, &ga, &gb, chunks, ct, 0usize, &mut la, &mut lb, pa, pb,
+        xq, weight, &ga, &gb, chunks, ct, 0usize, &mut la, &mut lb, pa, pb, gk,
     );
-    #[unroll]
-    for r in 0..pa {
-        sa[tid + r * threads] = la[r];
-    }
-    #[unroll]
-    for r in 0..pb {
-        sb[tid + r * threads] = lb[r];
-    }
+    gemm_store(
+        &mut sa, &mut sb, &la, &lb, 0usize, 0usize, tid, pa, pb, gk, bm, bn, threads,
+    );
     sync_cube();
     let mut acc = Array::<Vector<f32, Const<2>>>::new(comptime!(fm * tn * 2));
     #[unroll]
@@ -147,48 +155,61 @@ pub fn fp8_gemm_kernel<NW: Size>(
             &mut lb,
             pa,
             pb,
+            gk,
         );
-        let (oa, ob) = (off * stage_a, off * stage_b);
-        let mut vx = Array::<Vector<u32, NW>>::new(tn);
         #[unroll]
-        for j in 0..tn {
-            vx[j] = sb[ob + (wt + j * 8 + g) * 4 + t];
-        }
-        #[unroll]
-        for i in 0..fm {
-            let va = sa[oa + (wr + i * 16 + g) * 4 + t];
-            let vb = sa[oa + (wr + i * 16 + g + 8) * 4 + t];
-            let mut r0 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-            r0[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(0));
-            r0[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(0));
-            r0[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(1));
-            r0[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(1));
-            let mut r1 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-            r1[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2));
-            r1[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2));
-            r1[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(3));
-            r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3));
+        for q in 0..gk {
+            let (oa, ob) = (
+                off * stage_a + q * comptime!(bm * 4),
+                off * stage_b + q * comptime!(bn * 4),
+            );
+            let mut vx = Array::<Vector<u32, NW>>::new(tn);
             #[unroll]
             for j in 0..tn {
-                // Token tiles wholly past the end are skipped (uniform over the warp); their
-                // sums are never stored.
-                if first + wt + j * 8 < count {
-                    let v = vx[j];
-                    mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, i * tn + j);
-                    mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, i * tn + j);
+                vx[j] = sb[ob + (wt + j * 8 + g) * 4 + t];
+            }
+            #[unroll]
+            for i in 0..fm {
+                let va = sa[oa + (wr + i * 16 + g) * 4 + t];
+                let vb = sa[oa + (wr + i * 16 + g + 8) * 4 + t];
+                let mut r0 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                r0[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(0));
+                r0[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(0));
+                r0[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(1));
+                r0[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(1));
+                let mut r1 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+                r1[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2));
+                r1[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2));
+                r1[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(3));
+                r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3));
+                #[unroll]
+                for j in 0..tn {
+                    // Token tiles wholly past the end are skipped (uniform over the warp); their
+                    // sums are never stored.
+                    if first + wt + j * 8 < count {
+                        let v = vx[j];
+                        mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, i * tn + j);
+                        mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, i * tn + j);
+                    }
                 }
             }
         }
         // The other buffer was last read in the previous step, before its barrier.
-        let (na, nb) = ((1 - off) * stage_a, (1 - off) * stage_b);
-        #[unroll]
-        for r in 0..pa {
-            sa[na + tid + r * threads] = la[r];
-        }
-        #[unroll]
-        for r in 0..pb {
-            sb[nb + tid + r * threads] = lb[r];
-        }
+        gemm_store(
+            &mut sa,
+            &mut sb,
+            &la,
+            &lb,
+            (1 - off) * stage_a,
+            (1 - off) * stage_b,
+            tid,
+            pa,
+            pb,
+            gk,
+            bm,
+            bn,
+            threads,
+        );
         sync_cube();
         off = 1 - off;
         s += 1;
@@ -226,7 +247,7 @@ pub fn fp8_gemm_kernel<NW: Size>(
 }
 
 /// Loads step `s`'s chunks of this thread's weight rows (`ga`) and tokens (`gb`): chunk
-/// `4s + ct`, zero past the row's end (clamped reads).
+/// `4 · (gk · s + q) + ct` of group `q`, zero past the row's end (clamped reads).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn gemm_load<NW: Size>(
@@ -241,18 +262,53 @@ fn gemm_load<NW: Size>(
     lb: &mut Array<Vector<u32, NW>>,
     #[comptime] pa: usize,
     #[comptime] pb: usize,
+    #[comptime] gk: usize,
 ) {
-    let c = s * 4 + ct;
-    let cc = c.min(chunks - 1);
-    let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
-    let zv = Vector::<u32, NW>::new(z);
     #[unroll]
-    for r in 0..pa {
-        la[r] = weight[ga[r] + cc] & zv;
+    for q in 0..gk {
+        let c = (s * gk + q) * 4 + ct;
+        let cc = c.min(chunks - 1);
+        let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
+        let zv = Vector::<u32, NW>::new(z);
+        #[unroll]
+        for r in 0..pa {
+            la[q * pa + r] = weight[ga[r] + cc] & zv;
+        }
+        #[unroll]
+        for r in 0..pb {
+            lb[q * pb + r] = xq[gb[r] + cc] & zv;
+        }
     }
+}
+
+/// Stores a step's loads ([`gemm_load`]) into the buffers at `oa` / `ob`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gemm_store<NW: Size>(
+    sa: &mut Shared<[Vector<u32, NW>]>,
+    sb: &mut Shared<[Vector<u32, NW>]>,
+    la: &Array<Vector<u32, NW>>,
+    lb: &Array<Vector<u32, NW>>,
+    oa: usize,
+    ob: usize,
+    tid: usize,
+    #[comptime] pa: usize,
+    #[comptime] pb: usize,
+    #[comptime] gk: usize,
+    #[comptime] bm: usize,
+    #[comptime] bn: usize,
+    #[comptime] threads: usize,
+) {
     #[unroll]
-    for r in 0..pb {
-        lb[r] = xq[gb[r] + cc] & zv;
+    for q in 0..gk {
+        #[unroll]
+        for r in 0..pa {
+            sa[oa + q * bm * 4 + tid + r * threads] = la[q * pa + r];
+        }
+        #[unroll]
+        for r in 0..pb {
+            sb[ob + q * bn * 4 + tid + r * threads] = lb[q * pb + r];
+        }
     }
 }
 
@@ -265,9 +321,11 @@ pub(crate) fn fp8<R: CubeRuntime>(
     weight: &CubeTensor<R>,
     is: &CubeTensor<R>,
     ws: &CubeTensor<R>,
+    shape: GemmShape,
 ) {
     let (sa, sb) = c.split_args();
-    let (gy, gz) = yz(c.slots.div_ceil(GEMM_TOKENS));
+    let wn = shape.warps_n;
+    let (gy, gz) = yz(c.slots.div_ceil(wn * TILES_N * 8));
     let gx = c.n.div_ceil(GEMM_ROWS) as u32;
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors (chunk
     // indices clamped to the row); rows and tokens past the ends are clamped and never written.
@@ -275,7 +333,7 @@ pub(crate) fn fp8<R: CubeRuntime>(
         fp8_gemm_kernel::launch_unchecked::<R>(
             &c.x.client,
             CubeCount::Static(gx, gy, gz),
-            CubeDim::new_2d(32, (WARPS_M * WARPS_N) as u32),
+            CubeDim::new_2d(32, (WARPS_M * wn) as u32),
             4,
             arg(xq),
             arg(weight),
@@ -290,9 +348,10 @@ pub(crate) fn fp8<R: CubeRuntime>(
             c.n as u32,
             c.slots as u32,
             WARPS_M,
-            WARPS_N,
+            wn,
             FRAGS_M,
             TILES_N,
+            shape.steps,
             c.relu2,
             c.split.is_some(),
         )

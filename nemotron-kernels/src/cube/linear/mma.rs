@@ -903,6 +903,11 @@ pub struct MmaTuning {
     /// Cube rows per expert of a routed tiled launch: 1 to 4 (each part takes every
     /// `parts`-th pass of the expert's slots).
     pub tile_parts: usize,
+    /// Warps along the tokens of the FP8 GEMM ([`super::gemm`]): 2 or 4 (64 or 128 tokens per
+    /// cube).
+    pub gemm_warps_n: usize,
+    /// Groups of 64 inputs per staged step of the FP8 GEMM: 1 or 2.
+    pub gemm_steps: usize,
 }
 
 impl Default for MmaTuning {
@@ -917,6 +922,8 @@ impl Default for MmaTuning {
             tile_frags: super::tile::TILE_FRAGS,
             tile_buffers: super::tile::TILE_BUFFERS,
             tile_parts: super::tile::TILE_PARTS,
+            gemm_warps_n: super::gemm::GEMM_WARPS_N,
+            gemm_steps: super::gemm::GEMM_STEPS,
         }
     }
 }
@@ -933,6 +940,8 @@ static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(super::tile::TILE_TILES);
 static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(super::tile::TILE_FRAGS);
 static TUNE_TILE_BUFFERS: AtomicUsize = AtomicUsize::new(super::tile::TILE_BUFFERS);
 static TUNE_TILE_PARTS: AtomicUsize = AtomicUsize::new(super::tile::TILE_PARTS);
+static TUNE_GEMM_WARPS_N: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_WARPS_N);
+static TUNE_GEMM_STEPS: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_STEPS);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
 /// is refused by name ([`MmaTuning::check`]) and nothing is set.
@@ -941,6 +950,8 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_TILE_FRAGS.store(t.tile_frags, Ordering::Relaxed);
     TUNE_TILE_BUFFERS.store(t.tile_buffers, Ordering::Relaxed);
     TUNE_TILE_PARTS.store(t.tile_parts, Ordering::Relaxed);
+    TUNE_GEMM_WARPS_N.store(t.gemm_warps_n, Ordering::Relaxed);
+    TUNE_GEMM_STEPS.store(t.gemm_steps, Ordering::Relaxed);
     TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
@@ -953,9 +964,10 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
 impl MmaTuning {
     /// Refuses, naming the knob (by its `bench --mma-min` key) and the values allowed, a group
     /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 4, 8 or
-    /// 16, row fragments or staging buffers other than 1 or 2, or parts per expert outside 1–4.
+    /// 16, row fragments or staging buffers other than 1 or 2, parts per expert outside 1–4,
+    /// GEMM warps along tokens other than 2 or 4, or GEMM groups per step other than 1 or 2.
     pub fn check(&self) -> Result<(), String> {
-        let knobs: [(&str, &str, usize, &[usize]); 6] = [
+        let knobs: [(&str, &str, usize, &[usize]); 8] = [
             ("grp", "tensor-core load group", self.group, &[1, 2, 4, 8]),
             (
                 "tw",
@@ -986,6 +998,18 @@ impl MmaTuning {
                 "tiled kernel cube rows per expert",
                 self.tile_parts,
                 &[1, 2, 3, 4],
+            ),
+            (
+                "gw",
+                "FP8 GEMM warps along tokens",
+                self.gemm_warps_n,
+                &[2, 4],
+            ),
+            (
+                "gk",
+                "FP8 GEMM 64-input groups per step",
+                self.gemm_steps,
+                &[1, 2],
             ),
         ];
         for (key, what, v, ok) in knobs {
@@ -1020,6 +1044,8 @@ pub fn tuning() -> MmaTuning {
         tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),
         tile_buffers: TUNE_TILE_BUFFERS.load(Ordering::Relaxed),
         tile_parts: TUNE_TILE_PARTS.load(Ordering::Relaxed),
+        gemm_warps_n: TUNE_GEMM_WARPS_N.load(Ordering::Relaxed),
+        gemm_steps: TUNE_GEMM_STEPS.load(Ordering::Relaxed),
     }
 }
 
@@ -1207,7 +1233,12 @@ fn fp8_with<R: CubeRuntime>(
     };
     match path {
         LinearPath::Gemm if inq == 0 => {
-            super::gemm::fp8(c, &xq, &w.weight, &is, &ws);
+            let t = tuning();
+            let shape = super::gemm::GemmShape {
+                warps_n: t.gemm_warps_n,
+                steps: t.gemm_steps,
+            };
+            super::gemm::fp8(c, &xq, &w.weight, &is, &ws, shape);
             return;
         }
         LinearPath::Tiled { .. } if inq == 0 => {
