@@ -37,6 +37,10 @@
 #   pncud B      ncu sections (speed of light, occupancy, warp states, compute and memory
 #                workload) over the first 14 tensor-core, scan, router and attention kernels of
 #                one B x 128 prefill pass
+#   sass B S     ncu source counters (SASS per line: instructions executed, stalls), instruction
+#                statistics and occupancy of the first launches of the tensor-core prefill kernels
+#                in one B x 128 prefill under --mma-min S, with CubeCL's generated CUDA source of
+#                every kernel (CUBECL_DEBUG_LOG); one sass_<S>.tar.xz
 #   opsb F       ops F on deps/ops_broken (a deliberately broken build, packed by hand: it must
 #                fail)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
@@ -168,6 +172,22 @@ while [ $# -gt 0 ]; do
           $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch "$1" --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill_detail.txt"; shift ;;
+    sass) wait_lt
+        d=$(mktemp -d); tag=$(echo "$2" | tr -c 'a-z0-9=\n' '_')
+        run sass.log env CUBECL_DEBUG_LOG=$d/cubecl_src.log timeout 400 /usr/local/cuda/bin/ncu \
+          --profile-from-start off --clock-control none \
+          --kernel-name 'regex:fp8_mma_kernel|nvfp4_tile_kernel|fp8_gemm_kernel|fp8_tile_kernel|dense_mma' \
+          --launch-count 6 --section SourceCounters --section InstructionStats --section Occupancy \
+          --section LaunchStats --section WarpStateStats --section SpeedOfLight -o $d/rep \
+          $B/examples/profile --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1" \
+          --mma-min "$2"
+        /usr/local/cuda/bin/ncu --import $d/rep.ncu-rep --page details >$d/details.txt 2>&1
+        /usr/local/cuda/bin/ncu --import $d/rep.ncu-rep --page source --print-source sass --csv \
+          >$d/sass.csv 2>&1
+        /usr/local/cuda/bin/ncu --import $d/rep.ncu-rep --page source --print-source cuda,sass --csv \
+          >$d/cuda_sass.csv 2>&1
+        ls -la $d >>"$OUT/sass.log"; head -c 2000 $d/sass.csv >>"$OUT/sass.log"
+        tar -C $d -cJf "$OUT/sass_$tag.tar.xz" . ; shift 2 ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"

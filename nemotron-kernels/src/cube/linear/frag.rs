@@ -1,5 +1,5 @@
-//! What the tensor-core kernels ([`super::mma`], [`super::tile`]) share: the E2M1 pair decode
-//! that feeds an `mma` fragment, the weight loads of a step, and the row-block and token-tile
+//! What the tensor-core kernels ([`super::mma`], [`super::tile`], [`super::gemm`]) share: the E2M1
+//! pair decode and the E4M3 words that feed an `mma` fragment, the weight loads of a step, and the row-block and token-tile
 //! arithmetic of their grids. A leaf: it imports no kernel module, so the kernels import it one
 //! way.
 
@@ -22,6 +22,24 @@ pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf1
     let h = Vector::<f16, Const<2>>::reinterpret(mag | sign);
     let f = Vector::<f32, Const<2>>::cast_from(h) * Vector::new(scale);
     Vector::<bf16, Const<2>>::cast_from(f)
+}
+
+/// The E4M3 `A` fragment of `k32` step `h` (0 or 1) of a 16-byte FP8 chunk pair ([`super::mma`]):
+/// words `2h`, `2h + 1` of rows `g` (`va`) and `g + 8` (`vb`) in the `mma`'s register order,
+/// each word ANDed with `z` (all ones, or zero for a chunk past the row's end).
+#[cube]
+pub(super) fn fp8_a<NW: Size>(
+    va: Vector<u32, NW>,
+    vb: Vector<u32, NW>,
+    z: u32,
+    #[comptime] h: usize,
+) -> Array<Vector<Fp8E4m3, Const<4>>> {
+    let mut r = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
+    r[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h) & z);
+    r[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h) & z);
+    r[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h + 1) & z);
+    r[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h + 1) & z);
+    r
 }
 
 /// Loads `grp` 128-input steps of rows `row0`/`row1` from step `it0` (clamped to the last

@@ -27,7 +27,7 @@
 //! onto z past 65,535). CUDA only (the E4M3 `mma`; [`super::plan`] checks).
 
 use super::super::buffers::{arg, yz};
-use super::frag::Fp8E4m3;
+use super::frag::{fp8_a, Fp8E4m3};
 use super::tile::mma_e4m3;
 use super::{epilogue, store3, Call};
 use burn::tensor::bf16;
@@ -172,16 +172,8 @@ pub fn fp8_gemm_kernel<NW: Size>(
             for i in 0..fm {
                 let va = sa[oa + (wr + i * 16 + g) * 4 + t];
                 let vb = sa[oa + (wr + i * 16 + g + 8) * 4 + t];
-                let mut r0 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                r0[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(0));
-                r0[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(0));
-                r0[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(1));
-                r0[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(1));
-                let mut r1 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                r1[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2));
-                r1[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2));
-                r1[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(3));
-                r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3));
+                let r0 = fp8_a(va, vb, 0xFFFF_FFFFu32, 0usize);
+                let r1 = fp8_a(va, vb, 0xFFFF_FFFFu32, 1usize);
                 #[unroll]
                 for j in 0..tn {
                     // Token tiles wholly past the end are skipped (uniform over the warp); their

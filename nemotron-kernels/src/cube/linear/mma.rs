@@ -34,7 +34,7 @@
 //! expert has no slot leaves at once.
 
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
-use super::frag::{block_end, chunk_load, e2m1_pair, nvfp4_load, tiles, Fp8E4m3};
+use super::frag::{block_end, chunk_load, e2m1_pair, fp8_a, nvfp4_load, tiles, Fp8E4m3};
 pub use super::frag::{blocks, BLOCK_PASSES};
 use super::grouped::group_in_one_cube;
 use super::plan::{Format, LinearPath, MmaForm};
@@ -687,11 +687,7 @@ pub fn fp8_mma_kernel<NW: Size>(
                 let (va, vb) = (wa[q], wb[q]);
                 #[unroll]
                 for h in 0..2usize {
-                    let mut ra = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                    ra[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h) & z);
-                    ra[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h) & z);
-                    ra[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2 * h + 1) & z);
-                    ra[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2 * h + 1) & z);
+                    let ra = fp8_a(va, vb, z, h);
                     #[unroll]
                     for j in 0..nt {
                         let (x0, x1) = if inq > 0 {

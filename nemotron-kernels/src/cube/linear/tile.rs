@@ -40,7 +40,9 @@
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::frag::{block_end, blocks, chunk_load, e2m1_pair, tile_warps, tiles_up_to, Fp8E4m3};
+use super::frag::{
+    block_end, blocks, chunk_load, e2m1_pair, fp8_a, tile_warps, tiles_up_to, Fp8E4m3,
+};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
@@ -508,16 +510,8 @@ pub fn fp8_tile_kernel<NW: Size>(
                 // Chunks past the row's end weigh nothing (code 0 is +0).
                 let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
                 let (va, vb) = (ca[q], cb[q]);
-                let mut r0 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                r0[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(0) & z);
-                r0[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(0) & z);
-                r0[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(1) & z);
-                r0[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(1) & z);
-                let mut r1 = Array::<Vector<Fp8E4m3, Const<4>>>::new(4usize);
-                r1[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(2) & z);
-                r1[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(2) & z);
-                r1[2] = Vector::<Fp8E4m3, Const<4>>::reinterpret(va.extract(3) & z);
-                r1[3] = Vector::<Fp8E4m3, Const<4>>::reinterpret(vb.extract(3) & z);
+                let r0 = fp8_a(va, vb, z, 0usize);
+                let r1 = fp8_a(va, vb, z, 1usize);
                 #[unroll]
                 for j in 0..nt {
                     let v = sx[off + (j * 8 + g) * ROW_STRIDE + q * 4 + t];
