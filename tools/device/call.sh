@@ -176,8 +176,8 @@ while [ $# -gt 0 ]; do
         d=$(mktemp -d); tag=$(echo "$2" | tr -c 'a-z0-9=\n' '_')
         run sass.log env CUBECL_DEBUG_LOG=$d/cubecl_src.log timeout 400 /usr/local/cuda/bin/ncu \
           --profile-from-start off --clock-control none \
-          --kernel-name 'regex:fp8_mma_kernel|nvfp4_tile_kernel|fp8_gemm_kernel|fp8_tile_kernel|dense_mma' \
-          --launch-count 6 --section SourceCounters --section InstructionStats --section Occupancy \
+          --kernel-name 'regex:fp8_mma_kernel|nvfp4_tile_kernel|fp8_gemm_kernel|fp8_tile_kernel|dense_mma|matmul_rows' \
+          --launch-count 8 --section SourceCounters --section InstructionStats --section Occupancy \
           --section LaunchStats --section WarpStateStats --section SpeedOfLight -o $d/rep \
           $B/examples/profile --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1" \
           --mma-min "$2"

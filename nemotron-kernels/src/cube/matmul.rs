@@ -366,9 +366,9 @@ pub fn tile_rows(bs: usize, m: usize) -> usize {
 }
 /// Columns per cube of [`matmul_rows_kernel()`]: 32 lanes × 4.
 pub const MATMUL_TILE_COLS: usize = 128;
-/// Output rows per pass of [`matmul_rows_kernel()`]'s split sum: its shared buffer, splits ×
-/// rows × 128 f32 (8 KB), and the staged `a` (4.3 KB) stay within wgpu's 16 KB of workgroup
-/// memory.
+/// Output rows per pass of [`matmul_rows_kernel()`]'s split sum: its buffer, splits × rows ×
+/// 128 f32 (8 KB), shares memory with the two staged `a` buffers (8.7 KB), within wgpu's 16 KB
+/// of workgroup memory.
 const MATMUL_SLAB: usize = 1;
 
 /// [`matmul_kernel()`]'s products in its order, register-blocked for many rows: a cube takes
@@ -376,7 +376,8 @@ const MATMUL_SLAB: usize = 1;
 /// `y` (`k ≡ y mod splits`, in increasing `k`, then the same tree over the splits), so one
 /// 16-byte load of `w` feeds 64 products; the rows' `a` values for a stage of `4 · splits` `k`s
 /// are staged in shared memory (`[k][row]`, padded to 17 per `k` against bank conflicts), read
-/// as warp broadcasts. [`matmul_kernel()`] re-read the same `w` column per 8 rows and issued one
+/// as warp broadcasts; two stage buffers, the next stage's `a` and `w` loaded while this
+/// stage's products run, one barrier per stage (a cube is 32 lanes × `splits`). [`matmul_kernel()`] re-read the same `w` column per 8 rows and issued one
 /// global load of `a` per product: the prefill router (2,048 × 2,688 → 128, f32) ran at
 /// 2.2 TFLOP/s (PERF §16). Needs `n % 4 == 0`.
 #[cube(launch_unchecked)]
@@ -412,64 +413,102 @@ pub fn matmul_rows_kernel<F: Float, NV: Size>(
     }
     // Columns past `n` read the last vector and are never written.
     let wcol = bb * k * nv + cv.min(nv - 1);
-    let stage = splits * 4;
-    let pitch = rows + 1;
-    let mut sa = Shared::<[f32]>::new_slice(comptime!(splits * 4 * (rows + 1)));
+    let stage = comptime!(splits * 4);
+    let pitch = comptime!(rows + 1);
+    let half = comptime!(splits * 4 * (rows + 1));
+    // Two stage buffers, then (after the K loop) the split sums' buffer in the same memory.
+    let mut sa = Shared::<[f32]>::new_slice(comptime!(
+        (2 * splits * 4 * (rows + 1)).max(splits * slab * MATMUL_TILE_COLS)
+    ));
     let t = y * lanes + x;
-    let threads = lanes * CUBE_DIM_Y as usize;
-    let mut k0 = 0usize;
+    // Staging: unit `t` takes `k` offset `t % stage` of rows `t / stage + p · threads / stage`
+    // (lanes along `k`: coalesced reads); rows past `m` repeat the last one, never written.
+    let threads = comptime!(32 * splits);
+    let per = comptime!(splits * 4 * rows / (32 * splits));
+    let kq0 = t % stage;
+    let mut arow = Array::<usize>::new(per);
+    let mut aat = Array::<usize>::new(per);
+    #[unroll]
+    for p in 0..per {
+        let i = t / stage + p * comptime!(threads / (splits * 4));
+        arow[p] = (bb * m + (row0 + i).min(m - 1)) * k;
+        aat[p] = kq0 * pitch + i;
+    }
+    let mut av = Array::<f32>::new(per);
     let mut wc = Array::<Vector<F, NV>>::new(4usize);
+    let mut wn = Array::<Vector<F, NV>>::new(4usize);
+    // Stage 0 into buffer 0.
+    #[unroll]
+    for p in 0..per {
+        av[p] = if kq0 < k {
+            f32::cast_from(a[arow[p] + kq0])
+        } else {
+            0.0f32
+        };
+        sa[aat[p]] = av[p];
+    }
+    #[unroll]
+    for j in 0..4usize {
+        wc[j] = w[wcol + (y + j * splits).min(k - 1) * nv];
+    }
+    sync_cube();
+    let mut off = 0usize;
+    let mut k0 = 0usize;
     while k0 < k {
-        // This stage's `w` vectors first (clamped past `k`: read, never used), so their
-        // latency runs under the staging and the barrier instead of before each use.
+        // The next stage's `a` and `w` (past `k`: zeros or clamped reads, never used) are in
+        // flight while this stage's products run; one barrier per stage.
+        let kn = k0 + stage;
+        #[unroll]
+        for p in 0..per {
+            let kg = kn + kq0;
+            av[p] = if kg < k {
+                f32::cast_from(a[arow[p] + kg])
+            } else {
+                0.0f32
+            };
+        }
         #[unroll]
         for j in 0..4usize {
-            wc[j] = w[wcol + (k0 + y + j * splits).min(k - 1) * nv];
+            wn[j] = w[wcol + (kn + y + j * splits).min(k - 1) * nv];
         }
-        // Stage `a[row0.., k0..k0 + stage]` as `[k][row]`; lanes along `k` (coalesced reads).
-        let mut e = t;
-        while e < stage * rows {
-            let kq = e % stage;
-            let i = e / stage;
-            let kg = k0 + kq;
-            let v = if kg < k {
-                a[(bb * m + (row0 + i).min(m - 1)) * k + kg]
-            } else {
-                F::cast_from(0.0f32)
-            };
-            sa[kq * pitch + i] = f32::cast_from(v);
-            e += threads;
-        }
-        sync_cube();
         #[unroll]
         for j in 0..4usize {
             let kq = y + j * splits;
-            let kg = k0 + kq;
             // Uniform per warp (a warp is one `y`).
-            if kg < k {
+            if k0 + kq < k {
                 let wv = wc[j];
                 let w0 = f32::cast_from(wv.extract(0));
                 let w1 = f32::cast_from(wv.extract(1));
                 let w2 = f32::cast_from(wv.extract(2));
                 let w3 = f32::cast_from(wv.extract(3));
-                let base = kq * pitch;
+                let base = off + kq * pitch;
                 #[unroll]
                 for i in 0..rows {
-                    let av = sa[base + i];
-                    acc[i * 4] += av * w0;
-                    acc[i * 4 + 1] += av * w1;
-                    acc[i * 4 + 2] += av * w2;
-                    acc[i * 4 + 3] += av * w3;
+                    let v = sa[base + i];
+                    acc[i * 4] += v * w0;
+                    acc[i * 4 + 1] += v * w1;
+                    acc[i * 4 + 2] += v * w2;
+                    acc[i * 4 + 3] += v * w3;
                 }
             }
         }
+        // The other buffer was last read in the previous stage, before its barrier.
+        let other = half - off;
+        #[unroll]
+        for p in 0..per {
+            sa[other + aat[p]] = av[p];
+        }
+        #[unroll]
+        for j in 0..4usize {
+            wc[j] = wn[j];
+        }
         sync_cube();
-        k0 += stage;
+        off = other;
+        k0 = kn;
     }
     // The splits' partial sums, `slab` rows at a time: each unit then sums one output's
     // partials over the same tree as [`matmul_kernel()`] (stride splits/2, …, 1).
     let cols = lanes * 4;
-    let mut sm = Shared::<[f32]>::new_slice(comptime!(splits * slab * MATMUL_TILE_COLS));
     let oi = t / cols;
     let oc = t % cols;
     let col = CUBE_POS_X as usize * cols + oc;
@@ -479,7 +518,7 @@ pub fn matmul_rows_kernel<F: Float, NV: Size>(
         for i in 0..slab {
             #[unroll]
             for q in 0..4usize {
-                sm[(y * slab + i) * cols + x * 4 + q] = acc[(s * slab + i) * 4 + q];
+                sa[(y * slab + i) * cols + x * 4 + q] = acc[(s * slab + i) * 4 + q];
             }
         }
         sync_cube();
@@ -489,14 +528,14 @@ pub fn matmul_rows_kernel<F: Float, NV: Size>(
                 let mut yy = 0usize;
                 while yy < st {
                     let at = (yy * slab + oi) * cols + oc;
-                    sm[at] = sm[at] + sm[at + st * slab * cols];
+                    sa[at] = sa[at] + sa[at + st * slab * cols];
                     yy += 1;
                 }
                 st /= 2;
             }
             let row = row0 + s * slab + oi;
             if row < m && col < n {
-                c[(bb * m + row) * n + col] = F::cast_from(sm[oi * cols + oc]);
+                c[(bb * m + row) * n + col] = F::cast_from(sa[oi * cols + oc]);
             }
         }
         sync_cube();
