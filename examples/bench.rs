@@ -22,7 +22,7 @@
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
-use nemotron::kernels::cube::linear::mma;
+use nemotron::kernels::cube::plans::linear as mma;
 use nemotron::kernels::ops;
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 use nemotron::model::generate::device_argmax;
@@ -360,7 +360,7 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
                 mma::mma(),
                 mma::fp8_inq_max(),
                 mma::tuning(),
-                nemotron::kernels::cube::attention::decode::form()
+                nemotron::kernels::cube::plans::attention::form()
             );
             first.get_or_insert(engine_run_one(a, m, batch, plen, graphs)?);
         }

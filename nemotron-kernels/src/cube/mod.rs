@@ -18,18 +18,20 @@
 //! are read and written in their storage type (f32, bf16, f16); the Mamba2 conv and scan compute in
 //! f32 (the SSM state is f32 whatever the activation dtype).
 
-pub mod argmax;
-pub mod attention;
-pub mod buffers;
-pub mod linear;
-pub mod mamba;
-pub mod matmul;
-pub mod moe;
-pub mod norm;
-pub mod reduce;
-pub mod route;
+// The kernel families are crate-private: [`plans`] is what callers outside may read and set.
+pub(crate) mod argmax;
+pub(crate) mod attention;
+pub(crate) mod buffers;
+pub(crate) mod linear;
+pub(crate) mod mamba;
+pub(crate) mod matmul;
+pub(crate) mod moe;
+pub(crate) mod norm;
+pub mod plans;
+pub(crate) mod reduce;
+pub(crate) mod route;
 pub mod settings;
-pub mod slots;
+pub(crate) mod slots;
 pub mod tuning;
 
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};

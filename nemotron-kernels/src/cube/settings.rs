@@ -81,6 +81,7 @@ impl Settings {
     /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
+    /// `fp8direct=on|off` (the FP8 `mma` kernel accumulates in the `mma`, not per `k32` step);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
@@ -160,6 +161,7 @@ impl Settings {
                 "scanssd" => s.scan_ssd_min = num(v)?,
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
+                "fp8direct" => s.tune.fp8_direct = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,
                 "attn" => {
                     s.attn = match v {

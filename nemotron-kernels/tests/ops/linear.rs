@@ -3,7 +3,7 @@
 
 use super::{close, host, Arm, Rng};
 use nemotron_formats as fmt;
-use nemotron_kernels::cube::linear::grouped;
+use nemotron_kernels::cube::plans::linear as grouped;
 use nemotron_kernels::ops;
 use nemotron_kernels::{Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 
@@ -337,9 +337,10 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
 /// whose last 128-input step is half empty), NVFP4 routed experts (grouped by expert, groups of
 /// 1–20 slots), FP8 plain into three parts (Mamba's `in_proj`) and plain with relu², dense bf16.
 pub fn mma_linears_match(arm: &Arm) {
-    use nemotron_kernels::cube::linear::mma;
-    // The load rounds of the tensor-core kernels (default; pipelined at groups 1 and 4): they
-    // apply to bf16 arms only (elsewhere every pass is a GEMV, so once is enough).
+    use nemotron_kernels::cube::plans::linear as mma;
+    // The load rounds of the tensor-core kernels (default; pipelined at groups 1 and 4), the
+    // latter two with the FP8 kernel's other accumulation (in the `mma` or per `k32` step):
+    // they apply to bf16 arms only (elsewhere every pass is a GEMV, so once is enough).
     let mut tunings = vec![mma::MmaTuning::default()];
     if arm.dtype == burn::tensor::DType::BF16 {
         tunings.push(mma::MmaTuning {
@@ -347,6 +348,7 @@ pub fn mma_linears_match(arm: &Arm) {
             pipe: true,
             widen: true,
             threads: mma::TARGET_THREADS,
+            fp8_direct: !mma::FP8_DIRECT,
             ..mma::MmaTuning::default()
         });
         tunings.push(mma::MmaTuning {
@@ -354,6 +356,7 @@ pub fn mma_linears_match(arm: &Arm) {
             pipe: true,
             widen: false,
             threads: mma::TARGET_THREADS,
+            fp8_direct: !mma::FP8_DIRECT,
             ..mma::MmaTuning::default()
         });
     }
@@ -403,7 +406,7 @@ pub fn mma_linears_match(arm: &Arm) {
 }
 
 fn mma_linears_case(arm: &Arm, tiled_only: bool) {
-    use nemotron_kernels::cube::linear::mma;
+    use nemotron_kernels::cube::plans::linear as mma;
     let (href, mut rng) = (Arm::host(), Rng::new(31, arm));
     let saved = mma::mma();
     // (name, plain rows from, grouped routed slots from, FP8 rows quantized in-kernel up to,
@@ -650,7 +653,7 @@ pub fn fp8_gated_linear_matches(arm: &Arm) {
 /// cube row per slot, the rows folded past the grid's y limit on no device here, but through
 /// the same index arithmetic).
 pub fn grouped_experts_match(arm: &Arm) {
-    use nemotron_kernels::cube::linear::mma;
+    use nemotron_kernels::cube::plans::linear as mma;
     let (href, mut rng) = (Arm::host(), Rng::new(41, arm));
     let (e, k_top, tokens, n, k) = (8usize, 3usize, 360usize, 24usize, 64usize);
     assert!(tokens * k_top > mma::MMA_MAX_SLOTS);

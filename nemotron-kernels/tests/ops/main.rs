@@ -149,7 +149,7 @@ pub fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
 /// cube once, within the limits, with at most one partial row (host arithmetic).
 #[test]
 fn grids_fold_within_limits() {
-    use nemotron_kernels::cube::buffers::{fold_xy, yz, MAX_CUBES};
+    use nemotron_kernels::cube::plans::grid::{fold_xy, yz, MAX_CUBES};
     for cubes in [
         1usize,
         65_535,
@@ -218,8 +218,8 @@ fn environment_read_only_in_tuning() {
 #[cfg(feature = "cube")]
 #[test]
 fn gemv_grids_fold_within_limits() {
-    use nemotron_kernels::cube::buffers::MAX_CUBES;
-    use nemotron_kernels::cube::linear::dispatch::{gemv_count, small_m_count, GEMV_ROWS};
+    use nemotron_kernels::cube::plans::grid::MAX_CUBES;
+    use nemotron_kernels::cube::plans::linear::{gemv_count, small_m_count, GEMV_ROWS};
     let dims = |c: cubecl::prelude::CubeCount| match c {
         cubecl::prelude::CubeCount::Static(x, y, z) => (x as usize, y as usize, z as usize),
         _ => panic!("a GEMV grid is static"),
@@ -264,8 +264,8 @@ fn gemv_grids_fold_within_limits() {
 #[cfg(feature = "cube")]
 #[test]
 fn mma_row_blocks_cover_rows() {
-    use nemotron_kernels::cube::buffers::{yz, MAX_CUBES};
-    use nemotron_kernels::cube::linear::mma::blocks;
+    use nemotron_kernels::cube::plans::grid::{yz, MAX_CUBES};
+    use nemotron_kernels::cube::plans::linear::blocks;
     for nt in [1usize, 2, 4, 8, 16] {
         for rows in [
             1usize,
@@ -302,7 +302,7 @@ fn mma_row_blocks_cover_rows() {
 /// kernel's per-thread staging count is that quotient and must not be 0).
 #[test]
 fn tile_shapes_stage_every_thread() {
-    use nemotron_kernels::cube::linear::frag::{tile_warps, tiles_up_to};
+    use nemotron_kernels::cube::plans::linear::{tile_warps, tiles_up_to};
     for max in [4usize, 8, 16] {
         let mut last = 0;
         for rows in 0..400usize {
@@ -340,11 +340,11 @@ fn tile_shapes_stage_every_thread() {
 /// FP8 vector GEMVs, the activation dtype, `k` not a multiple of the chunk).
 #[test]
 fn linear_plan_picks_each_tier() {
-    use nemotron_kernels::cube::linear::grouped::GROUPED_MIN_SLOTS;
-    use nemotron_kernels::cube::linear::mma::{MmaMin, FP8_INQ_MAX_ROWS};
-    use nemotron_kernels::cube::linear::plan::{
+    use nemotron_kernels::cube::plans::linear::GROUPED_MIN_SLOTS;
+    use nemotron_kernels::cube::plans::linear::{
         plan, Format, Limits, LinearPath as P, LinearShape, MmaForm,
     };
+    use nemotron_kernels::cube::plans::linear::{MmaMin, FP8_INQ_MAX_ROWS};
     let tc = Limits {
         mma: true,
         min: MmaMin::default(),
@@ -469,7 +469,7 @@ fn linear_plan_picks_each_tier() {
 /// not divide the split cube's units.
 #[test]
 fn attention_plan_keeps_each_form_where_it_fits() {
-    use nemotron_kernels::cube::attention::decode::{plan, AttnForm as F};
+    use nemotron_kernels::cube::plans::attention::{plan, AttnForm as F};
     assert_eq!(plan(F::Gqa, 32, 2, 128), F::Gqa);
     assert_eq!(plan(F::Split, 32, 2, 128), F::Split);
     assert_eq!(plan(F::Unfused, 32, 2, 128), F::Unfused);
@@ -488,14 +488,14 @@ fn attention_plan_keeps_each_form_where_it_fits() {
 /// items are refused naming the item.
 #[test]
 fn settings_parse_each_key_into_its_field() {
-    use nemotron_kernels::cube::attention::decode::AttnForm;
+    use nemotron_kernels::cube::plans::attention::AttnForm;
     use nemotron_kernels::cube::settings::Settings;
     let d = Settings::default();
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
         "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
          threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,gw=2,gk=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
-         pipe=on,fuse=off,attn=split",
+         pipe=on,fp8direct=on,fuse=off,attn=split",
     )
     .unwrap();
     let m = s.min;
@@ -526,7 +526,7 @@ fn settings_parse_each_key_into_its_field() {
         (4, 99, 4, 16, 2, 2, 3)
     );
     assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
-    assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
+    assert_eq!((t.gemm_warps_n, t.gemm_steps, t.fp8_direct), (2, 2, true));
     assert_eq!(
         (s.fp8_inq_max, s.scan_pair_min, s.attn),
         (2, 17, AttnForm::Split)

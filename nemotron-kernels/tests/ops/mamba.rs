@@ -95,7 +95,7 @@ pub fn scan_matches(arm: &Arm) {
 /// and `N = 256` (tiles of 8).
 pub fn scan_tiles_match(arm: &Arm) {
     let _settings = scan_lock();
-    use nemotron_kernels::cube::mamba::scan::{plan, Chunking, ScanPath, PAIR_MIN_ROWS};
+    use nemotron_kernels::cube::plans::scan::{plan, Chunking, ScanPath, PAIR_MIN_ROWS};
     let never = Chunking {
         len: 128,
         max_rows: 0,
@@ -155,7 +155,7 @@ pub fn scan_tiles_match(arm: &Arm) {
 /// and longer chunks past the byte budget for the chunk end states.
 pub fn scan_chunks_match(arm: &Arm) {
     let _settings = scan_lock();
-    use nemotron_kernels::cube::mamba::scan::{
+    use nemotron_kernels::cube::plans::scan::{
         chunking, pair_min, plan, set_chunking, set_pair_min, Chunking, Chunks, ScanPath,
         CHUNK_STATE_BYTES, PAIR_MIN_ROWS,
     };
@@ -210,7 +210,7 @@ pub fn scan_chunks_match(arm: &Arm) {
 /// one), ragged lengths over several tiles, `N = 128` and `N = 16`.
 pub fn scan_pairs_match(arm: &Arm) {
     let _settings = scan_lock();
-    use nemotron_kernels::cube::mamba::scan::{pair_min, set_pair_min};
+    use nemotron_kernels::cube::plans::scan::{pair_min, set_pair_min};
     let saved = pair_min();
     set_pair_min(1);
     scan_case(arm, 7, (75, 3, 20, 1, 128), &[vec![75, 0, 33, 1]]);
@@ -228,8 +228,8 @@ pub fn scan_pairs_match(arm: &Arm) {
 /// run and why (the cases then exercise the fallback only).
 pub fn scan_ssd_match(arm: &Arm) {
     let _settings = scan_lock();
-    use nemotron_kernels::cube::mamba::scan::{chunking, set_chunking, Chunking, Chunks};
-    use nemotron_kernels::cube::mamba::ssd::{self, set_ssd_min, ssd_min, ssd_plan};
+    use nemotron_kernels::cube::plans::scan::{chunking, set_chunking, Chunking, Chunks};
+    use nemotron_kernels::cube::plans::ssd::{self, set_ssd_min, ssd_min, ssd_plan};
     // Lightning (N 128, P 64, H 64): a 1K prompt in 8 chunks, 64 × 128 in one each.
     let c = |len, count| Some(Chunks { len, count });
     assert_eq!(ssd_plan(128, 64, 64 * 64, 1, 1024, 1, 128), c(128, 8));

@@ -85,7 +85,7 @@ pub fn dense_linear_rows_invariant(arm: &Arm) {
 }
 
 fn rows_invariant_case(arm: &Arm, m: usize, k: usize, n: usize) {
-    use nemotron_kernels::cube::matmul::tile_rows;
+    use nemotron_kernels::cube::plans::matmul::tile_rows;
     let mut rng = Rng::new(16, arm);
     let few = 20;
     eprintln!("{m} rows: {} per cube", tile_rows(1, m));

@@ -304,7 +304,7 @@ fn ssm_step_case(arm: &Arm, n: usize, rows: &[i32]) {
 /// capacity that is not a multiple of the chunk, a context past 8 chunks (the merge's rounds), a
 /// pad row.
 pub fn attention_step_matches(arm: &Arm) {
-    use nemotron_kernels::cube::attention::decode::{set_form, AttnForm};
+    use nemotron_kernels::cube::plans::attention::{set_form, AttnForm};
     for form in [AttnForm::Gqa, AttnForm::Split, AttnForm::Unfused] {
         set_form(form);
         for (cap, lens, hd, nh) in [

@@ -21,8 +21,9 @@
 //! - FP8 (chunk = 16 inputs): step `h` takes words `2h, 2h + 1` of the chunk as they are, for
 //!   the weights and for the activations quantized to E4M3 with the static input scale (the
 //!   checkpoint's own W8A8 math; no decode at all). Each `k32` step goes into a zeroed
-//!   accumulator added to the running sum in f32, so the tensor core's internal FP8 accumulation
-//!   spans 32 products only.
+//!   accumulator added to the running sum in f32, so a tensor core's internal FP8 accumulation
+//!   spans 32 products only; or, with [`MmaTuning::fp8_direct`], into the running sum itself
+//!   (on sm_90 the FP8 `mma` runs as f16 `HMMA`s accumulating in f32: [`FP8_DIRECT`]).
 //!
 //! The global / tensor scales multiply the f32 sums at the end, as the GEMVs do. Products are
 //! exact in both cases (bf16 · bf16 and E4M3 · E4M3 fit f32), so results differ from the GEMVs
@@ -34,8 +35,8 @@
 //! expert has no slot leaves at once.
 
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
+pub use super::frag::blocks;
 use super::frag::{block_end, chunk_load, e2m1_pair, fp8_a, nvfp4_load, tiles, Fp8E4m3};
-pub use super::frag::{blocks, BLOCK_PASSES};
 use super::grouped::group_in_one_cube;
 use super::plan::{Format, LinearPath, MmaForm};
 pub use super::plan::{MmaMin, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN};
@@ -529,6 +530,7 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] inq: usize,
     #[comptime] pipe: bool,
     #[comptime] gnorm: bool,
+    #[comptime] direct: bool,
 ) {
     let count = tokens as usize;
     let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
@@ -700,12 +702,24 @@ pub fn fp8_mma_kernel<NW: Size>(
                         let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
                         rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x0);
                         rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x1);
+                        // `direct`: the running sum is the `mma`'s accumulator (register
+                        // copies only); otherwise a zeroed one added to it.
                         let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
-                        cr[0] = Vector::new(0.0f32);
-                        cr[1] = Vector::new(0.0f32);
+                        if direct {
+                            cr[0] = acc[2 * j];
+                            cr[1] = acc[2 * j + 1];
+                        } else {
+                            cr[0] = Vector::new(0.0f32);
+                            cr[1] = Vector::new(0.0f32);
+                        }
                         def.execute_inplace(&ra, &rb, &mut cr);
-                        acc[2 * j] += cr[0];
-                        acc[2 * j + 1] += cr[1];
+                        if direct {
+                            acc[2 * j] = cr[0];
+                            acc[2 * j + 1] = cr[1];
+                        } else {
+                            acc[2 * j] += cr[0];
+                            acc[2 * j + 1] += cr[1];
+                        }
                     }
                 }
             }
@@ -904,6 +918,9 @@ pub struct MmaTuning {
     pub gemm_warps_n: usize,
     /// Groups of 64 inputs per staged step of the FP8 GEMM: 1 or 2.
     pub gemm_steps: usize,
+    /// [`fp8_mma_kernel()`] accumulates in the `mma` itself (on) instead of each `k32` `mma`
+    /// into a zeroed accumulator added to the running sum in f32 (off; module docs).
+    pub fp8_direct: bool,
 }
 
 impl Default for MmaTuning {
@@ -920,12 +937,23 @@ impl Default for MmaTuning {
             tile_parts: super::tile::TILE_PARTS,
             gemm_warps_n: super::gemm::GEMM_WARPS_N,
             gemm_steps: super::gemm::GEMM_STEPS,
+            fp8_direct: FP8_DIRECT,
         }
     }
 }
 
 /// The default of [`MmaTuning::pipe`].
 pub const PIPE: bool = false;
+
+/// The default of [`MmaTuning::fp8_direct`]. On sm_90 the E4M3 `mma` is no tensor-core FP8
+/// instruction: `ptxas` widens each operand to f16 (`F2FP.F16.E4M3.UNPACK_B`) and runs two
+/// f16 `HMMA.16816.F32` with a zero accumulator, so every `k32` step costs 4 `FADD`s besides:
+/// 40 % of `fp8_mma_kernel`'s instructions at 1,024 rows (ncu source counters, H100, PERF §26),
+/// against 10 % `HMMA`. Accumulating in the `HMMA` is the f32 accumulation the bf16 kernels
+/// already use. Off by default: on an H100 it measured +0.5 / +0.3 / +1.0 % prefill at 8 / 16 /
+/// 64 × 128 (the kernel waits on latency, 7.7 cycles per issued instruction, more than it
+/// issues), and the whole-model CUDA parity has not run with it (PERF §26).
+pub const FP8_DIRECT: bool = false;
 
 static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
@@ -938,6 +966,8 @@ static TUNE_TILE_BUFFERS: AtomicUsize = AtomicUsize::new(super::tile::TILE_BUFFE
 static TUNE_TILE_PARTS: AtomicUsize = AtomicUsize::new(super::tile::TILE_PARTS);
 static TUNE_GEMM_WARPS_N: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_WARPS_N);
 static TUNE_GEMM_STEPS: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_STEPS);
+static TUNE_FP8_DIRECT: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(FP8_DIRECT);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
 /// is refused by name ([`MmaTuning::check`]) and nothing is set.
@@ -948,6 +978,7 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_TILE_PARTS.store(t.tile_parts, Ordering::Relaxed);
     TUNE_GEMM_WARPS_N.store(t.gemm_warps_n, Ordering::Relaxed);
     TUNE_GEMM_STEPS.store(t.gemm_steps, Ordering::Relaxed);
+    TUNE_FP8_DIRECT.store(t.fp8_direct, Ordering::Relaxed);
     TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
@@ -1042,6 +1073,7 @@ pub fn tuning() -> MmaTuning {
         tile_parts: TUNE_TILE_PARTS.load(Ordering::Relaxed),
         gemm_warps_n: TUNE_GEMM_WARPS_N.load(Ordering::Relaxed),
         gemm_steps: TUNE_GEMM_STEPS.load(Ordering::Relaxed),
+        fp8_direct: TUNE_FP8_DIRECT.load(Ordering::Relaxed),
     }
 }
 
@@ -1285,6 +1317,7 @@ fn fp8_with<R: CubeRuntime>(
             inq,
             tuning().pipe,
             norm.is_some(),
+            tuning().fp8_direct,
         )
     };
 }

@@ -1,0 +1,60 @@
+//! What leaves the crate of the kernels' choices: the pure plan functions that pick a kernel
+//! (tested on the host), the thresholds, shapes and tunings they read, and the process-wide
+//! setters benchmarks and tests use. The kernel modules themselves are crate-private, so a
+//! kernel's launch arguments and helpers can change without touching a caller outside.
+
+/// Grid arithmetic: counts folded past the device's 65,535 cubes per grid dimension.
+pub mod grid {
+    pub use crate::cube::buffers::{fold_xy, yz, MAX_CUBES};
+}
+
+/// The quantized linears (NVFP4, FP8) and routed experts: [`plan`](linear::plan)'s tiers, the
+/// tensor-core thresholds ([`MmaMin`](linear::MmaMin)) and cube shapes
+/// ([`MmaTuning`](linear::MmaTuning)), the GEMV grids.
+pub mod linear {
+    pub use crate::cube::linear::dispatch::{gemv_count, small_m_count, GEMV_ROWS};
+    pub use crate::cube::linear::frag::{blocks, tile_warps, tiles_up_to, BLOCK_PASSES};
+    pub use crate::cube::linear::gemm::{GemmShape, GEMM_STEPS, GEMM_WARPS_N};
+    pub use crate::cube::linear::grouped::{
+        grouped_min_slots, set_grouped_min_slots, GROUPED_MIN_SLOTS,
+    };
+    pub use crate::cube::linear::mma::{
+        fp8_inq_max, mma, set_fp8_inq_max, set_mma, set_mma_min, set_sort_min_slots, set_tuning,
+        sort_min_slots, tuning, MmaTuning, FP8_DIRECT, FP8_INQ_MAX_ROWS, MMA_MAX_SLOTS,
+        TARGET_THREADS, WARPS,
+    };
+    pub use crate::cube::linear::plan::{
+        gemv, plan, Format, Limits, LinearPath, LinearPlan, LinearShape, MmaForm, MmaMin,
+        EXPERT_MAJOR_MAX_K, FP8_GEMV_MAX_K, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS,
+        MMA_TILE_MIN,
+    };
+    pub use crate::cube::linear::tile::{
+        TileShape, TILE_BUFFERS, TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS,
+    };
+}
+
+/// Decode attention's form (split, GQA, …).
+pub mod attention {
+    pub use crate::cube::attention::decode::{form, plan, set_form, AttnForm};
+}
+
+/// The selective scan's form (register scan, row pairs, chunked over time).
+pub mod scan {
+    pub use crate::cube::mamba::scan::{
+        chunking, pair_min, plan, set_chunking, set_pair_min, Chunking, Chunks, ScanPath,
+        CHUNK_LEN, CHUNK_MAX_ROWS, CHUNK_STATE_BYTES, PAIR_MIN_ROWS,
+    };
+}
+
+/// The scan's chunked matrix form on tensor cores (SSD): from how many prompt tokens, and in
+/// which chunks.
+pub mod ssd {
+    pub use crate::cube::mamba::ssd::{
+        launches, set_ssd_min, ssd_min, ssd_plan, SSD_MAX_CHUNK, SSD_MAX_DIM, SSD_MIN_TOKENS,
+    };
+}
+
+/// The batched matmul's path and the router product's rows per cube.
+pub mod matmul {
+    pub use crate::cube::matmul::{plan, tile_rows, MatmulPath, MATMUL_TILE_ROWS, TILED_MIN};
+}
