@@ -7,11 +7,12 @@ code's tests live in the root crate's `it` binary. This applies each listed muta
 builds and runs the given tests, restores the file with git, and writes one line per mutant:
 
     cargo mutants -p nemotron-model --file nemotron-model/src/sampling.rs --list --json --diff > m.json
-    python3 tools/mutants_apply.py m.json --shard 0/9 --out /tmp/mut0.txt -- \\
+    python3 tools/mutants_apply.py --shard 0/9 --out /tmp/mut0.txt m.json -- \\
         cargo test --release --workspace --all-features --test it -- generation:: engine::
 
 Outcomes: `caught` (tests fail), `missed` (tests pass), `unviable` (the build fails), `timeout`.
-Run from the repository root with a clean tree; never while editing sources.
+Options before the mutants file (what follows it is the test command). Run from the
+repository root with a clean tree; never while editing sources.
 """
 import argparse
 import json
