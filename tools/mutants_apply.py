@@ -16,9 +16,24 @@ repository root with a clean tree; never while editing sources.
 """
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+
+
+def run(cmd, timeout):
+    """`cmd`'s exit status; on timeout its whole process group is killed (a mutant that loops
+    leaves the test binary spinning under cargo otherwise)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    try:
+        return p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
 
 
 def main():
@@ -47,11 +62,10 @@ def main():
                 outcome = "unapplied"
             else:
                 try:
-                    if subprocess.run(build, capture_output=True, timeout=a.timeout).returncode != 0:
+                    if run(build, 900) != 0:
                         outcome = "unviable"
                     else:
-                        r = subprocess.run(test, capture_output=True, timeout=a.timeout)
-                        outcome = "missed" if r.returncode == 0 else "caught"
+                        outcome = "missed" if run(test, a.timeout) == 0 else "caught"
                 except subprocess.TimeoutExpired:
                     outcome = "timeout"
             subprocess.run(["git", "checkout", "--quiet", "--", m["file"]], check=True)
