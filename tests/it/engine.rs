@@ -21,6 +21,10 @@ fn requests(v: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
         seed,
         ..Sampling::greedy()
     };
+    let penalized = Sampling {
+        repetition_penalty: 3.0,
+        ..Sampling::greedy()
+    };
     let o = |n: usize, s: Sampling| GenerateOptions {
         max_new_tokens: n,
         sampling: s,
@@ -34,6 +38,10 @@ fn requests(v: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
         (ids(5, v, 4), o(6, sampled(9))),
         (ids(9, v, 5), o(0, Sampling::greedy())),
         (ids(4, v, 6), o(7, Sampling::greedy())),
+        // Request 2's prompt, greedy with a repetition penalty (its greedy answer repeats token
+        // 0): not plain greedy, so picked on the host with the penalty (the device's argmax
+        // would ignore it).
+        (ids(12, v, 3), o(12, penalized)),
     ]
 }
 
@@ -73,6 +81,13 @@ fn check_slots(dev: Device, dtype: DType, graphs: bool, slots: usize) {
         assert_eq!(tokens, single.tokens, "request {i}: tokens");
         assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
     }
+    // The penalty must show: with it ignored (`is_plain_greedy` true for it) the engine and the
+    // single sequence would both give request 2's tokens.
+    assert_ne!(
+        got.get(&6).map(|g| &g.0),
+        got.get(&2).map(|g| &g.0),
+        "the repetition penalty changed no token"
+    );
     assert!(e.steps() > 0);
     if graphs {
         assert!(!e.captured().is_empty(), "no decode step was captured");

@@ -188,6 +188,38 @@ fn top_p_of_zero_is_refused_and_one_accepted() {
     assert!(s(1.5).validate().is_err());
 }
 
+/// Temperature: finite and at least 0; repetition penalty: finite and above 0 (each bound seen
+/// red under its mutant: `&&` as `||`, `>` as `>=`).
+#[test]
+fn temperature_and_repetition_penalty_bounds_are_checked() {
+    let t = |temperature| Sampling {
+        temperature,
+        ..Sampling::greedy()
+    };
+    let r = |repetition_penalty| Sampling {
+        repetition_penalty,
+        ..Sampling::greedy()
+    };
+    for bad in [-0.5, f32::INFINITY, f32::NAN] {
+        let e = t(bad).validate().unwrap_err().to_string();
+        assert!(e.contains("temperature"), "{e}");
+    }
+    assert!(t(0.0).validate().is_ok() && t(2.0).validate().is_ok());
+    for bad in [0.0, -1.0, f32::INFINITY, f32::NAN] {
+        let e = r(bad).validate().unwrap_err().to_string();
+        assert!(e.contains("repetition_penalty"), "{e}");
+    }
+    assert!(r(1.0).validate().is_ok() && r(0.5).validate().is_ok());
+}
+
+/// Greedy picks the first of equal largest logits.
+#[test]
+fn greedy_picks_the_first_of_tied_logits() {
+    assert_eq!(nemotron::model::sampling::argmax(&[1.0, 3.0, 3.0, -2.0]), 1);
+    let mut rng = 0;
+    assert_eq!(pick(&[0.5, 0.5], &Sampling::greedy(), &[], &mut rng), 0);
+}
+
 #[test]
 fn repetition_penalty_follows_hf() {
     let logits = [2.0f32, 1.9, -1.0, -1.1];
@@ -202,6 +234,12 @@ fn repetition_penalty_follows_hf() {
     // Negative logits are multiplied: the seen token 0 drops from −1.0 to −2.0, below −1.05.
     let l2 = [-1.0f32, -1.05];
     assert_eq!(pick(&l2, &s, &[0], &mut rng), 1);
+    // Divided, not reduced modulo: 3.0 / 1.2 = 2.5 stays above 2.0 (3.0 % 1.2 = 0.6 would not).
+    let s12 = Sampling {
+        repetition_penalty: 1.2,
+        ..Sampling::greedy()
+    };
+    assert_eq!(pick(&[3.0, 2.0], &s12, &[0], &mut rng), 0);
 }
 
 #[test]
