@@ -81,7 +81,8 @@ impl Settings {
     /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
-    /// `fp8direct=on|off` (the FP8 `mma` kernel accumulates in the `mma`, not per `k32` step);
+    /// `fp8direct=on|off` (the FP8 `mma` kernel accumulates in the `mma`, not per `k32` step;
+    /// refused beside `fp8tile` or `fp8gemm`, whose kernels it does not change);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
@@ -175,6 +176,13 @@ impl Settings {
             }
         }
         s.tune.check().map_err(|e| format!("{text:?}: {e}"))?;
+        // `fp8direct` changes `fp8_mma_kernel` only: with the tiled FP8 kernel or the GEMM also
+        // asked for, those rows would keep their per-step adds, so the pair is refused.
+        if s.tune.fp8_direct && (s.min.fp8_tile != usize::MAX || s.min.fp8_gemm != usize::MAX) {
+            return Err(format!(
+                "{text:?}: fp8direct=on applies to the FP8 mma kernel only, not with fp8tile or fp8gemm"
+            ));
+        }
         Ok(s)
     }
 }

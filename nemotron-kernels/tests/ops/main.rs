@@ -495,7 +495,7 @@ fn settings_parse_each_key_into_its_field() {
     let s = Settings::parse(
         "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
          threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,gw=2,gk=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
-         pipe=on,fp8direct=on,fuse=off,attn=split",
+         pipe=on,fuse=off,attn=split",
     )
     .unwrap();
     let m = s.min;
@@ -526,7 +526,12 @@ fn settings_parse_each_key_into_its_field() {
         (4, 99, 4, 16, 2, 2, 3)
     );
     assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
-    assert_eq!((t.gemm_warps_n, t.gemm_steps, t.fp8_direct), (2, 2, true));
+    assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
+    assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
+    for both in ["fp8direct=on,fp8gemm=512", "fp8direct=on,fp8tile=512"] {
+        let e = Settings::parse(both).unwrap_err();
+        assert!(e.contains("fp8direct"), "{e}");
+    }
     assert_eq!(
         (s.fp8_inq_max, s.scan_pair_min, s.attn),
         (2, 17, AttnForm::Split)
