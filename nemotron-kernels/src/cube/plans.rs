@@ -19,9 +19,9 @@ pub mod linear {
         grouped_min_slots, set_grouped_min_slots, GROUPED_MIN_SLOTS,
     };
     pub use crate::cube::linear::mma::{
-        fp8_inq_max, mma, set_fp8_inq_max, set_mma, set_mma_min, set_sort_min_slots, set_tuning,
-        sort_min_slots, tuning, MmaTuning, FP8_DIRECT, FP8_INQ_MAX_ROWS, MMA_MAX_SLOTS,
-        TARGET_THREADS, WARPS,
+        fp8_inq_max, m_split, mma, set_fp8_inq_max, set_mma, set_mma_min, set_sort_min_slots,
+        set_tuning, sort_min_slots, tuning, MmaTuning, BF16_DECODE, FP8_DIRECT, FP8_INQ_MAX_ROWS,
+        MMA_MAX_SLOTS, M_WARPS, TARGET_THREADS, WARPS,
     };
     pub use crate::cube::linear::plan::{
         gemv, plan, Format, Limits, LinearPath, LinearPlan, LinearShape, MmaForm, MmaMin,

@@ -81,8 +81,10 @@ impl Settings {
     /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
-    /// `fp8direct=on|off` (the FP8 `mma` kernel accumulates in the `mma`, not per `k32` step;
-    /// refused beside `fp8tile` or `fp8gemm`, whose kernels it does not change);
+    /// `fp8direct=on|off` (the FP8 `mma` and tiled kernels accumulate in the `mma`, not per
+    /// `k32` step; refused beside `fp8gemm`, whose kernel it does not change); `mw=1|2|4`
+    /// (warps of a plain FP8 or dense `mma` cube taking row tiles side by side); `bdec=on|off`
+    /// (the NVFP4 tensor-core kernels decode E2M1 in bf16 alone);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
     /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
@@ -153,6 +155,7 @@ impl Settings {
                 "tp" => s.tune.tile_parts = num(v)?,
                 "gw" => s.tune.gemm_warps_n = num(v)?,
                 "gk" => s.tune.gemm_steps = num(v)?,
+                "mw" => s.tune.m_warps = num(v)?,
                 "scanpair" => s.scan_pair_min = num(v)?,
                 "scanchunk" => match num(v)? {
                     0 => return Err(format!("{text:?}: scanchunk=0: at least one step")),
@@ -163,6 +166,7 @@ impl Settings {
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
                 "fp8direct" => s.tune.fp8_direct = on_off(k, v)?,
+                "bdec" => s.tune.bf16_decode = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,
                 "attn" => {
                     s.attn = match v {
@@ -176,11 +180,11 @@ impl Settings {
             }
         }
         s.tune.check().map_err(|e| format!("{text:?}: {e}"))?;
-        // `fp8direct` changes `fp8_mma_kernel` only: with the tiled FP8 kernel or the GEMM also
-        // asked for, those rows would keep their per-step adds, so the pair is refused.
-        if s.tune.fp8_direct && (s.min.fp8_tile != usize::MAX || s.min.fp8_gemm != usize::MAX) {
+        // `fp8direct` changes `fp8_mma_kernel` and the tiled FP8 kernel: with the GEMM also
+        // asked for, its rows would keep their per-step adds, so the pair is refused.
+        if s.tune.fp8_direct && s.min.fp8_gemm != usize::MAX {
             return Err(format!(
-                "{text:?}: fp8direct=on applies to the FP8 mma kernel only, not with fp8tile or fp8gemm"
+                "{text:?}: fp8direct=on applies to the FP8 mma and tiled kernels, not with fp8gemm"
             ));
         }
         Ok(s)

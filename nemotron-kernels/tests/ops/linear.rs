@@ -343,12 +343,18 @@ pub fn mma_linears_match(arm: &Arm) {
     // they apply to bf16 arms only (elsewhere every pass is a GEMV, so once is enough).
     let mut tunings = vec![mma::MmaTuning::default()];
     if arm.dtype == burn::tensor::DType::BF16 {
+        // The second and fourth decode NVFP4 the other way (`bf16_decode`). Each also with the
+        // plain FP8 and dense cubes' warps over another count of row tiles
+        // (`m_warps`; it takes effect in the two unwidened tunings: the small grids here would
+        // otherwise widen, and a widened cube keeps one tile).
         tunings.push(mma::MmaTuning {
             group: 4,
             pipe: true,
             widen: true,
             threads: mma::TARGET_THREADS,
             fp8_direct: !mma::FP8_DIRECT,
+            m_warps: if mma::M_WARPS == 2 { 4 } else { 2 },
+            bf16_decode: !mma::BF16_DECODE,
             ..mma::MmaTuning::default()
         });
         tunings.push(mma::MmaTuning {
@@ -357,12 +363,20 @@ pub fn mma_linears_match(arm: &Arm) {
             widen: false,
             threads: mma::TARGET_THREADS,
             fp8_direct: !mma::FP8_DIRECT,
+            m_warps: if mma::M_WARPS == 4 { 1 } else { 4 },
+            ..mma::MmaTuning::default()
+        });
+        tunings.push(mma::MmaTuning {
+            widen: false,
+            m_warps: if mma::M_WARPS == 2 { 1 } else { 2 },
+            bf16_decode: !mma::BF16_DECODE,
             ..mma::MmaTuning::default()
         });
     }
     // The tiled kernels' other shapes (bf16 only; the tiled and GEMM paths alone): 4 or 8 warps (64 or
     // 128 weight rows), up to 4, 8 or 16 token tiles, one or two 16-row fragments per warp, one
-    // or two staging buffers, 1–4 cube rows per expert.
+    // or two staging buffers, 1–4 cube rows per expert; every other one decoding NVFP4 the other
+    // way (in bf16 alone, or through f16 and f32), every third accumulating FP8 the other way.
     let mut tiled = vec![];
     if arm.dtype == burn::tensor::DType::BF16 {
         // With them the FP8 GEMM's shapes: 2 or 4 warps along tokens, 1 or 2 groups per step.
@@ -389,6 +403,8 @@ pub fn mma_linears_match(arm: &Arm) {
                 tile_parts,
                 gemm_warps_n: [2, 4][i % 2],
                 gemm_steps: [1, 2][(i / 2) % 2],
+                bf16_decode: (i % 2 == 1) != mma::BF16_DECODE,
+                fp8_direct: (i % 3 == 0) != mma::FP8_DIRECT,
                 ..mma::MmaTuning::default()
             });
         }

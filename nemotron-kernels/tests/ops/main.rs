@@ -334,6 +334,29 @@ fn tile_shapes_stage_every_thread() {
     assert_eq!(tile_warps(8, 1), 4);
 }
 
+/// The plain FP8 / dense `mma` cubes' split between K parts and row tiles: a cube of the
+/// default warps keeps its warp count whatever `m_warps` says, and a widened cube (a small
+/// grid) keeps one row tile, so the kernel's `kw · mw` warps always cover K once per tile.
+#[test]
+fn m_split_keeps_the_cube_and_covers_k() {
+    use nemotron_kernels::cube::plans::linear::{m_split, WARPS};
+    let w = WARPS as usize;
+    for kw in [w, 2 * w, 4 * w] {
+        for mw in [1usize, 2, 4] {
+            let (k_parts, tiles) = m_split(kw, mw);
+            assert!(
+                k_parts >= 1 && tiles >= 1,
+                "{kw}, {mw}: {k_parts} × {tiles}"
+            );
+            if kw == w {
+                assert_eq!((k_parts * tiles, tiles), (w, mw), "{kw} warps, mw {mw}");
+            } else {
+                assert_eq!((k_parts, tiles), (kw, 1), "widened {kw} warps, mw {mw}");
+            }
+        }
+    }
+}
+
 /// The linear plan (`cube::linear::plan`) at the Lightning shapes with the default settings, on a
 /// device with tensor cores and without: each tier where the thresholds put it, and the limits
 /// that push a call down a tier (the grid's y for expert groups, `k` for the expert-major and
@@ -528,10 +551,13 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!((t.widen, t.pipe, s.fused), (false, true, false));
     assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
     assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
-    for both in ["fp8direct=on,fp8gemm=512", "fp8direct=on,fp8tile=512"] {
-        let e = Settings::parse(both).unwrap_err();
-        assert!(e.contains("fp8direct"), "{e}");
-    }
+    assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
+    assert!(Settings::parse("bdec=on").unwrap().tune.bf16_decode);
+    assert!(!Settings::parse("bdec=off").unwrap().tune.bf16_decode);
+    let e = Settings::parse("fp8direct=on,fp8gemm=512").unwrap_err();
+    assert!(e.contains("fp8direct"), "{e}");
+    let both = Settings::parse("fp8direct=on,fp8tile=512").unwrap();
+    assert!(both.tune.fp8_direct && both.min.fp8_tile == 512);
     assert_eq!(
         (s.fp8_inq_max, s.scan_pair_min, s.attn),
         (2, 17, AttnForm::Split)
@@ -560,6 +586,8 @@ fn settings_parse_each_key_into_its_field() {
         ("tp=0", "tp=0"),
         ("tp=5", "tp=5"),
         ("grp=3", "grp=3"),
+        ("mw=3", "mw=3"),
+        ("mw=8", "mw=8"),
         ("scanchunk=0", "scanchunk=0"),
         ("attn=flash", "attn"),
         ("pipe=maybe", "pipe"),

@@ -24,6 +24,35 @@ pub(super) fn e2m1_pair(word: u32, scale: f32, #[comptime] p: u32) -> Vector<bf1
     Vector::<bf16, Const<2>>::cast_from(f)
 }
 
+/// `E2M1 · scale · 2^-14` of nibbles `(p, p + 4)` of `word` as a bf16 pair, exactly, in
+/// bf16 alone ([`super::tile`] with [`super::tile::TileShape::bf16_decode`]): the magnitude
+/// bits `e1 e0 m` land in the bf16 exponent's two low bits and the mantissa's top bit, which
+/// reads `E2M1 · 2^-126` for every code (`2^(e−127) · (1 + m/2)` for `e ≥ 1`, the subnormal
+/// `2^-126 · m/2` for `e = 0`), the sign in bit 15; one bf16 multiply by `scale` (the block
+/// scale `· 2^112`, exact in bf16: E4M3 has 4 significant bits) gives `E2M1 · block scale ·
+/// 2^-14`, a multiple of `2^-24` of at most 6 significant bits below 0.17: exact. The caller
+/// multiplies its f32 sums by `2^14` (a power of two: the same sums as [`e2m1_pair`]'s).
+/// Three integer operations and one bf16 multiply per pair, against [`e2m1_pair`]'s f16 → f32
+/// conversions, f32 multiplies and pack.
+#[cube]
+pub(super) fn e2m1_pair_bf16(word: u32, scale: bf16, #[comptime] p: u32) -> Vector<bf16, Const<2>> {
+    let m = 0x01C0_01C0u32;
+    let mag = if p == 0 {
+        (word << 6u32) & m
+    } else if p == 1 {
+        (word << 2u32) & m
+    } else if p == 2 {
+        (word >> 2u32) & m
+    } else {
+        (word >> 6u32) & m
+    };
+    let sign = (word << (12 - 4 * p)) & 0x8000_8000u32;
+    Vector::<bf16, Const<2>>::reinterpret(mag | sign) * Vector::new(scale)
+}
+
+/// `2^112` (f32 bits `(112 + 127) << 23`): the factor [`e2m1_pair_bf16`]'s scale carries.
+pub(super) const TWO_POW_112_BITS: u32 = 0x7780_0000;
+
 /// The E4M3 `A` fragment of `k32` step `h` (0 or 1) of a 16-byte FP8 chunk pair ([`super::mma`]):
 /// words `2h`, `2h + 1` of rows `g` (`va`) and `g + 8` (`vb`) in the `mma`'s register order,
 /// each word ANDed with `z` (all ones, or zero for a chunk past the row's end).

@@ -180,8 +180,24 @@ pub fn fp8_gemm_kernel<NW: Size>(
                     // sums are never stored.
                     if first + wt + j * 8 < count {
                         let v = vx[j];
-                        mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, i * tn + j);
-                        mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, i * tn + j);
+                        mma_e4m3(
+                            &def,
+                            &r0,
+                            v.extract(0),
+                            v.extract(1),
+                            &mut acc,
+                            i * tn + j,
+                            false,
+                        );
+                        mma_e4m3(
+                            &def,
+                            &r1,
+                            v.extract(2),
+                            v.extract(3),
+                            &mut acc,
+                            i * tn + j,
+                            false,
+                        );
                     }
                 }
             }

@@ -15,7 +15,10 @@
 //! - NVFP4 (chunk = 32 inputs, two 16-input scale blocks): word `w` of the chunk (8 nibbles)
 //!   feeds two steps; the f16 trick of `word_dot_f16` places nibbles `(p, p + 4)` as an
 //!   f16 pair `E2M1 · 2^-14`, exact; times `block scale · 2^14` in f32 it is `E2M1 · scale`
-//!   exactly (at most 6 significant bits), converted to bf16 exactly. Step `2w + h` takes pairs
+//!   exactly (at most 6 significant bits), converted to bf16 exactly. With
+//!   [`MmaTuning::bf16_decode`] (the default) the pair is built as bf16 `E2M1 · 2^-126` and
+//!   multiplied in bf16 by `scale · 2^112`, which is `E2M1 · scale · 2^-14`, also exact. The sums
+//!   then take the `2^14` back with the global scale. Step `2w + h` takes pairs
 //!   `2h` (logical `2t, 2t+1`) and `2h + 1` (logical `2t+8, 2t+9`); `B` takes the activations at
 //!   the same physical inputs `(8w + p, 8w + p + 4)`.
 //! - FP8 (chunk = 16 inputs): step `h` takes words `2h, 2h + 1` of the chunk as they are, for
@@ -36,7 +39,10 @@
 
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
 pub use super::frag::blocks;
-use super::frag::{block_end, chunk_load, e2m1_pair, fp8_a, nvfp4_load, tiles, Fp8E4m3};
+use super::frag::{
+    block_end, chunk_load, e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, tiles, Fp8E4m3,
+    TWO_POW_112_BITS,
+};
 use super::grouped::group_in_one_cube;
 use super::plan::{Format, LinearPath, MmaForm};
 pub use super::plan::{MmaMin, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN};
@@ -178,19 +184,30 @@ fn nvfp4_step<NX: Size>(
     wb: u32,
     sa: f32,
     sb: f32,
+    ha: bf16,
+    hb: bf16,
     x: &[Vector<bf16, NX>],
     xrow: &Array<usize>,
     base: usize,
     acc: &mut Array<Vector<f32, Const<2>>>,
     #[comptime] nt: usize,
     #[comptime] h: u32,
+    #[comptime] bdec: bool,
 ) {
     let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
     let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
-    ra[0] = e2m1_pair(wa, sa, 2 * h);
-    ra[1] = e2m1_pair(wb, sb, 2 * h);
-    ra[2] = e2m1_pair(wa, sa, 2 * h + 1);
-    ra[3] = e2m1_pair(wb, sb, 2 * h + 1);
+    // `bdec`: the bf16 scales `ha`, `hb` ([`e2m1_pair_bf16`]); otherwise the f32 ones.
+    if bdec {
+        ra[0] = e2m1_pair_bf16(wa, ha, 2 * h);
+        ra[1] = e2m1_pair_bf16(wb, hb, 2 * h);
+        ra[2] = e2m1_pair_bf16(wa, ha, 2 * h + 1);
+        ra[3] = e2m1_pair_bf16(wb, hb, 2 * h + 1);
+    } else {
+        ra[0] = e2m1_pair(wa, sa, 2 * h);
+        ra[1] = e2m1_pair(wb, sb, 2 * h);
+        ra[2] = e2m1_pair(wa, sa, 2 * h + 1);
+        ra[3] = e2m1_pair(wb, sb, 2 * h + 1);
+    }
     let (p0, p1) = ((2 * h) as usize, (2 * h + 1) as usize);
     #[unroll]
     for j in 0..nt {
@@ -217,10 +234,23 @@ fn nvfp4_step<NX: Size>(
 /// Every warp of the cube calls it (it synchronizes the cube).
 #[cube]
 fn warp_sum(acc: &mut Array<Vector<f32, Const<2>>>, #[comptime] nt: usize, #[comptime] kw: usize) {
+    warp_sum_m(acc, nt, kw, 1usize);
+}
+
+/// [`warp_sum`] for a cube of `kw · mw` warps, warp `w` taking row tile `w % mw` and K part
+/// `w / mw`: each tile's K parts are summed into its part 0.
+#[cube]
+fn warp_sum_m(
+    acc: &mut Array<Vector<f32, Const<2>>>,
+    #[comptime] nt: usize,
+    #[comptime] kw: usize,
+    #[comptime] mw: usize,
+) {
     if kw > 1 {
-        let mut sm = Shared::<[f32]>::new_slice(kw * nt * 4 * 32);
+        let mut sm = Shared::<[f32]>::new_slice(kw * mw * nt * 4 * 32);
         let (warp, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
-        if warp > 0 {
+        let (mwarp, kwarp) = (warp % mw, warp / mw);
+        if kwarp > 0 {
             #[unroll]
             for j in 0..nt * 2 {
                 #[unroll]
@@ -230,7 +260,7 @@ fn warp_sum(acc: &mut Array<Vector<f32, Const<2>>>, #[comptime] nt: usize, #[com
             }
         }
         sync_cube();
-        if warp == 0 {
+        if kwarp == 0 {
             #[unroll]
             for ww in 1..kw {
                 #[unroll]
@@ -240,7 +270,8 @@ fn warp_sum(acc: &mut Array<Vector<f32, Const<2>>>, #[comptime] nt: usize, #[com
                     for i in 0..2usize {
                         v.insert(
                             i,
-                            v.extract(i) + sm[((ww * nt * 2 + j) * 2 + i) * 32 + lane],
+                            v.extract(i)
+                                + sm[(((ww * mw + mwarp) * nt * 2 + j) * 2 + i) * 32 + lane],
                         );
                     }
                     acc[j] = v;
@@ -283,6 +314,7 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     #[comptime] relu2: bool,
     #[comptime] split: bool,
     #[comptime] pipe: bool,
+    #[comptime] bdec: bool,
 ) {
     // Plain calls run one row of cubes (`CUBE_POS_Y` is 0); grouped routed calls one row per
     // expert; slot-major routed calls one row per slot, whose expert id `members` holds, the
@@ -334,7 +366,12 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
     let row1 = e * n_out + (tile + g + 8).min(n_out - 1);
     let (chunks, nb) = (k / 32, k / 16);
     let iters = chunks.div_ceil(4);
-    let gs = globals[e];
+    // `bdec`: the weights enter the `mma`s as `W · 2^-14` (exactly), the sums leave times 2^14.
+    let gs = if bdec {
+        globals[e] * 16384.0f32
+    } else {
+        globals[e]
+    };
     let mut pass = first;
     while pass < end {
         let mut xrow = Array::<usize>::new(nt);
@@ -406,20 +443,37 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
             for q in 0..grp {
                 let c = (it0 + q) * 4 + t;
                 let cc = c.min(chunks - 1);
-                // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
-                let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
+                // The f16 codes read E2M1 · 2^-14 (bf16 codes E2M1 · 2^-126, `bdec`); chunks
+                // past the row's end weigh nothing.
+                let unit = comptime!(if bdec {
+                    f32::from_bits(TWO_POW_112_BITS)
+                } else {
+                    16384.0f32
+                });
+                let mult = if c < chunks { unit } else { 0.0f32 };
                 let s00 = e4m3(sa[q] & 255u32) * mult;
                 let s01 = e4m3((sa[q] >> 8u32) & 255u32) * mult;
                 let s10 = e4m3(sb[q] & 255u32) * mult;
                 let s11 = e4m3((sb[q] >> 8u32) & 255u32) * mult;
+                let (h00, h01, h10, h11) = (
+                    bf16::cast_from(s00),
+                    bf16::cast_from(s01),
+                    bf16::cast_from(s10),
+                    bf16::cast_from(s11),
+                );
                 let (va, vb) = (wa[q], wb[q]);
                 #[unroll]
                 for w in 0..4usize {
                     let (ua, ub) = (va.extract(w), vb.extract(w));
                     let (ta, tb) = if w < 2 { (s00, s10) } else { (s01, s11) };
+                    let (ha, hb) = if w < 2 { (h00, h10) } else { (h01, h11) };
                     let base = cc * 4 + w;
-                    nvfp4_step(ua, ub, ta, tb, x, &xrow, base, &mut acc, nt, 0u32);
-                    nvfp4_step(ua, ub, ta, tb, x, &xrow, base, &mut acc, nt, 1u32);
+                    nvfp4_step(
+                        ua, ub, ta, tb, ha, hb, x, &xrow, base, &mut acc, nt, 0u32, bdec,
+                    );
+                    nvfp4_step(
+                        ua, ub, ta, tb, ha, hb, x, &xrow, base, &mut acc, nt, 1u32, bdec,
+                    );
                 }
             }
             it0 += step;
@@ -531,16 +585,21 @@ pub fn fp8_mma_kernel<NW: Size>(
     #[comptime] pipe: bool,
     #[comptime] gnorm: bool,
     #[comptime] direct: bool,
+    #[comptime] mw: usize,
 ) {
     let count = tokens as usize;
     let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
     let end = block_end(first, block, count);
     let (n_out, k) = (n_out as usize, k as usize);
-    let tile = CUBE_POS_X as usize * 16;
-    if tile >= n_out || first >= end {
+    // `mw` warps take `mw` row tiles side by side (each walking all of K when `kw == 1`): they
+    // read the same activations at about the same time, so `mw - 1` of every `mw` reads hit L1.
+    if CUBE_POS_X as usize * mw * 16 >= n_out || first >= end {
         terminate!();
     }
-    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let (lane, warp_) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    // A tile past `n_out` computes clamped rows and writes nothing (every warp stays for the
+    // cube's barriers).
+    let (warp, tile) = (warp_ / mw, (CUBE_POS_X as usize * mw + warp_ % mw) * 16);
     let (g, t) = (lane / 4, lane % 4);
     let row0 = (tile + g).min(n_out - 1);
     let row1 = (tile + g + 8).min(n_out - 1);
@@ -725,7 +784,7 @@ pub fn fp8_mma_kernel<NW: Size>(
             }
             it0 += step;
         }
-        warp_sum(&mut acc, nt, kw);
+        warp_sum_m(&mut acc, nt, kw, mw);
         if warp == 0 {
             #[unroll]
             for j in 0..nt {
@@ -776,16 +835,21 @@ pub fn dense_mma_kernel<NW: Size>(
     #[comptime] kw: usize,
     #[comptime] grp: usize,
     #[comptime] pipe: bool,
+    #[comptime] mw: usize,
 ) {
     let count = tokens as usize;
     let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
     let end = block_end(first, block, count);
     let (n_out, k) = (n_out as usize, k as usize);
-    let tile = CUBE_POS_X as usize * 16;
-    if tile >= n_out || first >= end {
+    // `mw` warps take `mw` row tiles side by side (each walking all of K when `kw == 1`): they
+    // read the same activations at about the same time, so `mw - 1` of every `mw` reads hit L1.
+    if CUBE_POS_X as usize * mw * 16 >= n_out || first >= end {
         terminate!();
     }
-    let (lane, warp) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let (lane, warp_) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    // A tile past `n_out` computes clamped rows and writes nothing (every warp stays for the
+    // cube's barriers).
+    let (warp, tile) = (warp_ / mw, (CUBE_POS_X as usize * mw + warp_ % mw) * 16);
     let (g, t) = (lane / 4, lane % 4);
     let row0 = (tile + g).min(n_out - 1);
     let row1 = (tile + g + 8).min(n_out - 1);
@@ -854,7 +918,7 @@ pub fn dense_mma_kernel<NW: Size>(
             }
             it0 += step;
         }
-        warp_sum(&mut acc, nt, kw);
+        warp_sum_m(&mut acc, nt, kw, mw);
         if warp == 0 {
             #[unroll]
             for j in 0..nt {
@@ -918,9 +982,19 @@ pub struct MmaTuning {
     pub gemm_warps_n: usize,
     /// Groups of 64 inputs per staged step of the FP8 GEMM: 1 or 2.
     pub gemm_steps: usize,
-    /// [`fp8_mma_kernel()`] accumulates in the `mma` itself (on) instead of each `k32` `mma`
-    /// into a zeroed accumulator added to the running sum in f32 (off; module docs).
+    /// [`fp8_mma_kernel()`] and the tiled FP8 kernel accumulate in the `mma` itself (on) instead
+    /// of each `k32` `mma` into a zeroed accumulator added to the running sum in f32 (off;
+    /// module docs).
     pub fp8_direct: bool,
+    /// Warps of a [`WARPS`]-warp cube of the plain FP8 and dense `mma` kernels that take row
+    /// tiles side by side: 1, 2 or 4 (the other `WARPS / m_warps` split K). With more than
+    /// one, the warps of a cube read the same activations, which then come from L1 instead of
+    /// L2 (at 64 × 128 `in_proj`'s 644 single-tile cubes per row block read each activation 644
+    /// times from L2). Widened launches (small grids) keep 1.
+    pub m_warps: usize,
+    /// The NVFP4 tensor-core kernels decode E2M1 in bf16 alone
+    /// ([`super::frag::e2m1_pair_bf16()`]; [`super::tile::TileShape::bf16_decode`]).
+    pub bf16_decode: bool,
 }
 
 impl Default for MmaTuning {
@@ -938,6 +1012,8 @@ impl Default for MmaTuning {
             gemm_warps_n: super::gemm::GEMM_WARPS_N,
             gemm_steps: super::gemm::GEMM_STEPS,
             fp8_direct: FP8_DIRECT,
+            m_warps: M_WARPS,
+            bf16_decode: BF16_DECODE,
         }
     }
 }
@@ -955,6 +1031,29 @@ pub const PIPE: bool = false;
 /// issues), and the whole-model CUDA parity has not run with it (PERF §26).
 pub const FP8_DIRECT: bool = false;
 
+/// The default of [`MmaTuning::bf16_decode`]: on. On an H100 it measured +3.5 / +4.8 / +3.9 %
+/// prefill at 8 / 16 / 64 × 128 and −11 / −10 / −8 % decode step time at batch 8 / 16 / 64
+/// (PERF §27). The f16 → f32 → bf16 path had been ≈ 5.6 of the tiled kernel's ≈ 10 instructions
+/// per `HMMA` (PERF §26). The products are the same (a power of two moved from the weights to
+/// the f32 sums).
+pub const BF16_DECODE: bool = true;
+
+/// The default of [`MmaTuning::m_warps`]: 1. On an H100, 2 and 4 measured +0.4 % and −2.2 % prefill
+/// at 16 × 128, and slowed decode batches by up to 7 % (PERF §27).
+pub const M_WARPS: usize = 1;
+
+/// `(kw, mw)`: warps splitting K and warps side by side over row tiles of a plain FP8 or dense
+/// `mma` launch, from the `kw` that [`warps`] chose and the tuning's `m_warps` (pure, tested
+/// on the host): a launch of [`WARPS`] warps trades K parts for row tiles; a widened one (a
+/// small grid, where more K parts fill the device) keeps one row tile.
+pub fn m_split(kw: usize, m_warps: usize) -> (usize, usize) {
+    if kw == WARPS as usize && m_warps > 1 && kw.is_multiple_of(m_warps) {
+        (kw / m_warps, m_warps)
+    } else {
+        (kw, 1)
+    }
+}
+
 static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
 static TUNE_WIDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
@@ -968,6 +1067,9 @@ static TUNE_GEMM_WARPS_N: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_WARPS
 static TUNE_GEMM_STEPS: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_STEPS);
 static TUNE_FP8_DIRECT: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(FP8_DIRECT);
+static TUNE_M_WARPS: AtomicUsize = AtomicUsize::new(M_WARPS);
+static TUNE_BF16_DECODE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(BF16_DECODE);
 
 /// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
 /// is refused by name ([`MmaTuning::check`]) and nothing is set.
@@ -979,6 +1081,8 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_GEMM_WARPS_N.store(t.gemm_warps_n, Ordering::Relaxed);
     TUNE_GEMM_STEPS.store(t.gemm_steps, Ordering::Relaxed);
     TUNE_FP8_DIRECT.store(t.fp8_direct, Ordering::Relaxed);
+    TUNE_M_WARPS.store(t.m_warps, Ordering::Relaxed);
+    TUNE_BF16_DECODE.store(t.bf16_decode, Ordering::Relaxed);
     TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
@@ -992,9 +1096,16 @@ impl MmaTuning {
     /// Refuses, naming the knob (by its `bench --mma-min` key) and the values allowed, a group
     /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 4, 8 or
     /// 16, row fragments or staging buffers other than 1 or 2, parts per expert outside 1–4,
-    /// GEMM warps along tokens other than 2 or 4, or GEMM groups per step other than 1 or 2.
+    /// GEMM warps along tokens other than 2 or 4, GEMM groups per step other than 1 or 2, or
+    /// warps over row tiles other than 1, 2 or 4.
     pub fn check(&self) -> Result<(), String> {
-        let knobs: [(&str, &str, usize, &[usize]); 8] = [
+        let knobs: [(&str, &str, usize, &[usize]); 9] = [
+            (
+                "mw",
+                "FP8 and dense mma kernel warps over row tiles",
+                self.m_warps,
+                &[1, 2, 4],
+            ),
             ("grp", "tensor-core load group", self.group, &[1, 2, 4, 8]),
             (
                 "tw",
@@ -1055,6 +1166,8 @@ impl MmaTuning {
             frags: self.tile_frags,
             buffers: self.tile_buffers,
             parts: self.tile_parts,
+            bf16_decode: self.bf16_decode,
+            fp8_direct: self.fp8_direct,
         }
     }
 }
@@ -1074,6 +1187,8 @@ pub fn tuning() -> MmaTuning {
         gemm_warps_n: TUNE_GEMM_WARPS_N.load(Ordering::Relaxed),
         gemm_steps: TUNE_GEMM_STEPS.load(Ordering::Relaxed),
         fp8_direct: TUNE_FP8_DIRECT.load(Ordering::Relaxed),
+        m_warps: TUNE_M_WARPS.load(Ordering::Relaxed),
+        bf16_decode: TUNE_BF16_DECODE.load(Ordering::Relaxed),
     }
 }
 
@@ -1165,6 +1280,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.relu2,
             c.split.is_some(),
             tuning().pipe,
+            tuning().bf16_decode,
         )
     };
     Some(c.y.clone())
@@ -1282,14 +1398,16 @@ fn fp8_with<R: CubeRuntime>(
         (c.k / 16).div_ceil(4),
         tuning().group,
     );
+    // Rows quantized in-kernel (a few rows, a small grid) keep one row tile per cube.
+    let (kw, mw) = m_split(kw, if inq > 0 { 1 } else { tuning().m_warps });
     let (gy, gz) = yz(nblocks);
     // Safety: `k % 16 == 0` makes rows of codes and weights whole 16-byte vectors; tokens and rows
     // past the ends are clamped and never written.
     unsafe {
         fp8_mma_kernel::launch_unchecked::<R>(
             client,
-            CubeCount::Static(c.n.div_ceil(16) as u32, gy, gz),
-            CubeDim::new_2d(32, kw as u32),
+            CubeCount::Static(c.n.div_ceil(16 * mw) as u32, gy, gz),
+            CubeDim::new_2d(32, (kw * mw) as u32),
             4,
             arg(&xq),
             arg(&c.x),
@@ -1318,6 +1436,7 @@ fn fp8_with<R: CubeRuntime>(
             tuning().pipe,
             norm.is_some(),
             tuning().fp8_direct,
+            mw,
         )
     };
 }
@@ -1346,6 +1465,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
         (k / 8).div_ceil(4),
         tuning().group,
     );
+    let (kw, mw) = m_split(kw, tuning().m_warps);
     let (gy, gz) = yz(nblocks);
     // Safety: both buffers are contiguous bf16 of `m · k` and `n · k` values, read as `· / 2` u32
     // words in 16-byte vectors (`k % 8 == 0`); tokens and rows past the ends are clamped and never
@@ -1353,8 +1473,8 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
     unsafe {
         dense_mma_kernel::launch_unchecked::<R>(
             &x.client,
-            CubeCount::Static(n.div_ceil(16) as u32, gy, gz),
-            CubeDim::new_2d(32, kw as u32),
+            CubeCount::Static(n.div_ceil(16 * mw) as u32, gy, gz),
+            CubeDim::new_2d(32, (kw * mw) as u32),
             4,
             handle_arg(&x.handle, m * k / 2),
             handle_arg(&w.handle, n * k / 2),
@@ -1367,6 +1487,7 @@ pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Opt
             kw,
             tuning().group,
             tuning().pipe,
+            mw,
         )
     };
     Some(y)

@@ -41,7 +41,8 @@
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
 use super::frag::{
-    block_end, blocks, chunk_load, e2m1_pair, fp8_a, tile_warps, tiles_up_to, Fp8E4m3,
+    block_end, blocks, chunk_load, e2m1_pair, e2m1_pair_bf16, fp8_a, tile_warps, tiles_up_to,
+    Fp8E4m3, TWO_POW_112_BITS,
 };
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
@@ -78,6 +79,13 @@ pub struct TileShape {
     /// Cube rows per expert of a routed launch (1–4), each taking every `parts`-th pass of the
     /// expert's slots: more, shorter cubes for the same work.
     pub parts: usize,
+    /// The NVFP4 kernel decodes E2M1 pairs in bf16 alone
+    /// ([`super::frag::e2m1_pair_bf16()`]: 3 integer operations and a bf16 multiply per pair)
+    /// instead of through f16 and f32 ([`super::frag::e2m1_pair()`]); the same products.
+    pub bf16_decode: bool,
+    /// The FP8 kernel accumulates in the `mma` itself instead of per `k32` step into a zeroed
+    /// accumulator added in f32 ([`super::mma::MmaTuning::fp8_direct`]).
+    pub fp8_direct: bool,
 }
 
 /// The most token tiles of 8 per pass, by default ([`super::mma::MmaTuning::tile_tiles`]: 8 or
@@ -130,6 +138,7 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     #[comptime] routed: bool,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
+    #[comptime] bdec: bool,
 ) {
     let by = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     // Routed: `parts` cube rows per expert, part `p` taking the expert's passes `p`, `p + parts`,
@@ -174,7 +183,12 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     }
     let (chunks, nb, vecs) = (k / 32, k / 16, k / 8);
     let iters = chunks.div_ceil(4);
-    let gs = globals[e];
+    // `bdec`: the weights enter the `mma`s as `W · 2^-14` (exactly), the sums leave times 2^14.
+    let gs = if bdec {
+        globals[e] * 16384.0f32
+    } else {
+        globals[e]
+    };
     let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
     // Staging: thread `tid` loads vector `tid % 16` of tokens `r · (threads / 16) + tid / 16`.
     let tid = warp * 32 + lane;
@@ -227,8 +241,14 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
             }
             sync_cube();
             let c = s * 4 + t;
-            // The f16 codes read E2M1 · 2^-14; chunks past the row's end weigh nothing.
-            let mult = if c < chunks { 16384.0f32 } else { 0.0f32 };
+            // The f16 codes read E2M1 · 2^-14 (bf16 codes E2M1 · 2^-126, `bdec`); chunks past
+            // the row's end weigh nothing.
+            let unit = comptime!(if bdec {
+                f32::from_bits(TWO_POW_112_BITS)
+            } else {
+                16384.0f32
+            });
+            let mult = if c < chunks { unit } else { 0.0f32 };
             // This step's weights and scales (fragment `f`: words `va[f]`, `vb[f]`; scales
             // `sc[4f..4f + 4]` = rows `g`, `g + 8` × the chunk's two blocks).
             let mut va = Array::<Vector<u32, NW>>::new(rf);
@@ -242,6 +262,13 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
                 sc[4 * f + 1] = e4m3((sa[f] >> 8u32) & 255u32) * mult;
                 sc[4 * f + 2] = e4m3(sb[f] & 255u32) * mult;
                 sc[4 * f + 3] = e4m3((sb[f] >> 8u32) & 255u32) * mult;
+            }
+            let mut sh = Array::<bf16>::new(comptime!(if bdec { 4 * rf } else { 1 }));
+            if bdec {
+                #[unroll]
+                for i in 0..4 * rf {
+                    sh[i] = bf16::cast_from(sc[i]);
+                }
             }
             // The next step's loads (clamped past the last step: read, never used).
             let v_next = ((s + 1) * 16 + vt).min(vecs - 1);
@@ -267,40 +294,34 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
             #[unroll]
             for w in 0..4usize {
                 // Steps `2w` and `2w + 1` (h = 0, 1): pairs (0, 1) and (2, 3) of the word.
-                let (ua, ub) = (va[0].extract(w), vb[0].extract(w));
-                let (ta, tb) = if w < 2 {
-                    (sc[0], sc[2])
-                } else {
-                    (sc[1], sc[3])
-                };
+                // Fragment 0 (rows `tile`…) and, when `rf == 2`, fragment 1 (rows `tile + 16`…).
                 let mut r0 = Array::<Vector<bf16, Const<2>>>::new(4usize);
-                r0[0] = e2m1_pair(ua, ta, 0u32);
-                r0[1] = e2m1_pair(ub, tb, 0u32);
-                r0[2] = e2m1_pair(ua, ta, 1u32);
-                r0[3] = e2m1_pair(ub, tb, 1u32);
                 let mut r1 = Array::<Vector<bf16, Const<2>>>::new(4usize);
-                r1[0] = e2m1_pair(ua, ta, 2u32);
-                r1[1] = e2m1_pair(ub, tb, 2u32);
-                r1[2] = e2m1_pair(ua, ta, 3u32);
-                r1[3] = e2m1_pair(ub, tb, 3u32);
-                // The second fragment (rows `tile + 16`…), decoded only when `rf == 2`.
+                decode_frag(
+                    va[0].extract(w),
+                    vb[0].extract(w),
+                    &sc,
+                    &sh,
+                    w,
+                    0usize,
+                    &mut r0,
+                    &mut r1,
+                    bdec,
+                );
                 let mut q0 = Array::<Vector<bf16, Const<2>>>::new(4usize);
                 let mut q1 = Array::<Vector<bf16, Const<2>>>::new(4usize);
                 if comptime!(rf > 1) {
-                    let (ua, ub) = (va[rf - 1].extract(w), vb[rf - 1].extract(w));
-                    let (ta, tb) = if w < 2 {
-                        (sc[4 * rf - 4], sc[4 * rf - 2])
-                    } else {
-                        (sc[4 * rf - 3], sc[4 * rf - 1])
-                    };
-                    q0[0] = e2m1_pair(ua, ta, 0u32);
-                    q0[1] = e2m1_pair(ub, tb, 0u32);
-                    q0[2] = e2m1_pair(ua, ta, 1u32);
-                    q0[3] = e2m1_pair(ub, tb, 1u32);
-                    q1[0] = e2m1_pair(ua, ta, 2u32);
-                    q1[1] = e2m1_pair(ub, tb, 2u32);
-                    q1[2] = e2m1_pair(ua, ta, 3u32);
-                    q1[3] = e2m1_pair(ub, tb, 3u32);
+                    decode_frag(
+                        va[rf - 1].extract(w),
+                        vb[rf - 1].extract(w),
+                        &sc,
+                        &sh,
+                        w,
+                        rf - 1,
+                        &mut q0,
+                        &mut q1,
+                        bdec,
+                    );
                 }
                 #[unroll]
                 for j in 0..nt {
@@ -364,6 +385,51 @@ pub fn nvfp4_tile_kernel<NX: Size, NW: Size>(
     }
 }
 
+/// Fragment `f`'s `A` registers for steps `2w` (`r0`) and `2w + 1` (`r1`) from its rows' words
+/// `ua` (row `g`) and `ub` (row `g + 8`): pairs (0, 1) and (2, 3) of the words, with the
+/// chunk's first block scale for words 0–1 and its second for 2–3 (`sc[4f..4f + 4]` = rows
+/// `g`, `g + 8` × the two blocks; `sh` the same as bf16 where `bdec`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn decode_frag(
+    ua: u32,
+    ub: u32,
+    sc: &Array<f32>,
+    sh: &Array<bf16>,
+    w: usize,
+    #[comptime] f: usize,
+    r0: &mut Array<Vector<bf16, Const<2>>>,
+    r1: &mut Array<Vector<bf16, Const<2>>>,
+    #[comptime] bdec: bool,
+) {
+    let (ia, ib) = if w < 2 {
+        (4 * f, 4 * f + 2)
+    } else {
+        (4 * f + 1, 4 * f + 3)
+    };
+    if bdec {
+        let (ta, tb) = (sh[ia], sh[ib]);
+        r0[0] = e2m1_pair_bf16(ua, ta, 0u32);
+        r0[1] = e2m1_pair_bf16(ub, tb, 0u32);
+        r0[2] = e2m1_pair_bf16(ua, ta, 1u32);
+        r0[3] = e2m1_pair_bf16(ub, tb, 1u32);
+        r1[0] = e2m1_pair_bf16(ua, ta, 2u32);
+        r1[1] = e2m1_pair_bf16(ub, tb, 2u32);
+        r1[2] = e2m1_pair_bf16(ua, ta, 3u32);
+        r1[3] = e2m1_pair_bf16(ub, tb, 3u32);
+    } else {
+        let (ta, tb) = (sc[ia], sc[ib]);
+        r0[0] = e2m1_pair(ua, ta, 0u32);
+        r0[1] = e2m1_pair(ub, tb, 0u32);
+        r0[2] = e2m1_pair(ua, ta, 1u32);
+        r0[3] = e2m1_pair(ub, tb, 1u32);
+        r1[0] = e2m1_pair(ua, ta, 2u32);
+        r1[1] = e2m1_pair(ub, tb, 2u32);
+        r1[2] = e2m1_pair(ua, ta, 3u32);
+        r1[3] = e2m1_pair(ub, tb, 3u32);
+    }
+}
+
 /// Loads step `it` of the weight rows `rows0[f]` / `rows1[f]` (16-byte chunk `4 · it + t`,
 /// clamped to the last) and their block-scale words, for each of `rf` row fragments.
 #[cube]
@@ -398,7 +464,8 @@ fn nvfp4_load_rows<NW: Size>(
 /// `y[m, n] = epi(is · ws · Σ_j W[n, j] · xq[m, j])` on the tensor cores, FP8 weights and E4M3
 /// activation codes staged in shared memory 256 inputs at a time (module docs), over blocks of
 /// `block` rows. Each `k32` `mma` goes into a zeroed accumulator added to the running f32 sum,
-/// as in [`crate::cube::linear::mma::fp8_mma_kernel()`].
+/// or with `direct` into the running sum itself, as in
+/// [`crate::cube::linear::mma::fp8_mma_kernel()`].
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_tile_kernel<NW: Size>(
@@ -420,6 +487,7 @@ pub fn fp8_tile_kernel<NW: Size>(
     #[comptime] bufs: usize,
     #[comptime] relu2: bool,
     #[comptime] split: bool,
+    #[comptime] direct: bool,
 ) {
     let count = tokens as usize;
     let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
@@ -515,8 +583,8 @@ pub fn fp8_tile_kernel<NW: Size>(
                 #[unroll]
                 for j in 0..nt {
                     let v = sx[off + (j * 8 + g) * ROW_STRIDE + q * 4 + t];
-                    mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, j);
-                    mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, j);
+                    mma_e4m3(&def, &r0, v.extract(0), v.extract(1), &mut acc, j, direct);
+                    mma_e4m3(&def, &r1, v.extract(2), v.extract(3), &mut acc, j, direct);
                 }
             }
             // One buffer: the next step's stores wait for every warp's reads. Two: they go to
@@ -570,16 +638,27 @@ pub(super) fn mma_e4m3(
     x1: u32,
     acc: &mut Array<Vector<f32, Const<2>>>,
     #[comptime] j: usize,
+    #[comptime] direct: bool,
 ) {
     let mut rb = Array::<Vector<Fp8E4m3, Const<4>>>::new(2usize);
     rb[0] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x0);
     rb[1] = Vector::<Fp8E4m3, Const<4>>::reinterpret(x1);
     let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
-    cr[0] = Vector::new(0.0f32);
-    cr[1] = Vector::new(0.0f32);
+    if direct {
+        cr[0] = acc[2 * j];
+        cr[1] = acc[2 * j + 1];
+    } else {
+        cr[0] = Vector::new(0.0f32);
+        cr[1] = Vector::new(0.0f32);
+    }
     def.execute_inplace(ra, &rb, &mut cr);
-    acc[2 * j] += cr[0];
-    acc[2 * j + 1] += cr[1];
+    if direct {
+        acc[2 * j] = cr[0];
+        acc[2 * j + 1] = cr[1];
+    } else {
+        acc[2 * j] += cr[0];
+        acc[2 * j + 1] += cr[1];
+    }
 }
 
 /// An activation vector of 8 bf16 `[v0 … v7]` as the `B` words its `mma`s take: `(v0, v4)`,
@@ -690,6 +769,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
             c.routed,
             c.relu2,
             c.split.is_some(),
+            shape.bf16_decode,
         )
     };
     Some(c.y.clone())
@@ -738,6 +818,7 @@ pub(crate) fn fp8<R: CubeRuntime>(
             shape.buffers,
             c.relu2,
             c.split.is_some(),
+            shape.fp8_direct,
         )
     };
 }
