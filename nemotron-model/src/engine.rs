@@ -18,6 +18,7 @@ use crate::error::ModelError;
 use crate::model::NemotronH;
 use crate::request::{needed_context, GenerateOptions, Generation, Sequence, StopReason};
 use crate::runner::Runner;
+use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Running, Scheduler};
 use burn::tensor::Tensor;
 
@@ -56,12 +57,15 @@ impl EngineOptions {
 }
 
 /// What one step produced for one request: a token, and the stop reason when it was the last
-/// (`token` is `None` only when a request ends without producing one, e.g. `max_new_tokens: 0`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// (`token` is `None` only when a request ends without producing one, e.g. `max_new_tokens: 0`);
+/// the token's log-probabilities where the request asked for them
+/// ([`GenerateOptions::logprobs`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub id: RequestId,
     pub token: Option<u32>,
     pub stop: Option<StopReason>,
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// Continuous batching over fixed slots (see the module docs).
@@ -261,7 +265,7 @@ impl<'m> Engine<'m> {
     ) -> Vec<Event> {
         let b = rows.len();
         let v = self.model.config().vocab_size;
-        let host = if rows.iter().all(|r| r.seq.greedy()) {
+        let host = if rows.iter().all(|r| !r.seq.needs_row()) {
             vec![]
         } else {
             crate::generate::host_rows(logits.slice_dim(0, 0..b))
@@ -274,6 +278,7 @@ impl<'m> Engine<'m> {
                         id: r.id,
                         token: None,
                         stop: Some(stop),
+                        logprobs: None,
                     });
                     self.sched.release([r.slot]);
                     continue;
@@ -284,11 +289,17 @@ impl<'m> Engine<'m> {
             } else {
                 r.seq.sample(&host[i * v..(i + 1) * v])
             };
+            let logprobs = if r.seq.needs_row() {
+                r.seq.logprobs(&host[i * v..(i + 1) * v], tok)
+            } else {
+                None
+            };
             let stop = r.seq.take(tok);
             events.push(Event {
                 id: r.id,
                 token: Some(tok),
                 stop,
+                logprobs,
             });
             if stop.is_some() {
                 self.sched.release([r.slot]);

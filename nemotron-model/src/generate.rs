@@ -7,6 +7,7 @@ use crate::cache::SequenceState;
 use crate::error::ModelError;
 use crate::model::NemotronH;
 use crate::request::Sequence;
+use crate::sampling::TokenLogprobs;
 use burn::tensor::{Int, Tensor, TensorData};
 
 pub use crate::request::{GenerateOptions, Generation, StopReason};
@@ -65,6 +66,8 @@ pub struct Generator<'a> {
     prefilled: usize,
     next_logits: Option<Vec<f32>>,
     stop: Option<StopReason>,
+    /// The last token's log-probabilities, where the request asked for them.
+    last_logprobs: Option<TokenLogprobs>,
     /// Where decode runs after the prefill: a one-slot state of the decode engine (fewer, in-place
     /// kernels per token), or the ragged forward where slots do not apply.
     decode: Decode,
@@ -90,6 +93,7 @@ impl<'a> Generator<'a> {
             prefilled: 0,
             next_logits: None,
             stop: None,
+            last_logprobs: None,
             decode: Decode::Unset,
         })
     }
@@ -118,6 +122,12 @@ impl<'a> Generator<'a> {
         Ok(())
     }
 
+    /// The log-probabilities of the token the iterator returned last, where the request asked
+    /// for them ([`GenerateOptions::logprobs`]).
+    pub fn last_logprobs(&self) -> Option<&TokenLogprobs> {
+        self.last_logprobs.as_ref()
+    }
+
     /// Why the generation ended (after the iterator returned `None`).
     pub fn stop_reason(&self) -> Option<StopReason> {
         self.stop
@@ -143,19 +153,29 @@ impl<'a> Generator<'a> {
             self.stop = Some(stop);
             return Ok(None);
         }
-        let tok = match self.next_logits.take() {
-            Some(l) => self.seq.sample(&l),
+        let (tok, lp) = match self.next_logits.take() {
+            Some(l) => {
+                let tok = self.seq.sample(&l);
+                (tok, self.seq.logprobs(&l, tok))
+            }
             None => {
                 let last = *self.seq.history.last().expect("non-empty");
                 let logits = self.decode_one(last)?;
-                if self.seq.greedy() {
+                if !self.seq.needs_row() {
                     // Only the chosen id leaves the device.
-                    device_argmax(logits)[0]
+                    (device_argmax(logits)[0], None)
                 } else {
-                    self.seq.sample(&host_rows(logits))
+                    let row = host_rows(logits);
+                    let tok = if self.seq.greedy() {
+                        crate::sampling::argmax(&row)
+                    } else {
+                        self.seq.sample(&row)
+                    };
+                    (tok, self.seq.logprobs(&row, tok))
                 }
             }
         };
+        self.last_logprobs = lp;
         // The sequence's stop (a stop id, the budget, the context) is known with its last token.
         self.stop = self.seq.take(tok);
         Ok(Some(tok))

@@ -39,4 +39,4 @@ pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;
-pub use sampling::Sampling;
+pub use sampling::{Sampling, TokenLogprobs};

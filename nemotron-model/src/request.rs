@@ -4,7 +4,7 @@
 //! the sampler's state, and the stop checks around each token).
 
 use crate::error::ModelError;
-use crate::sampling::{is_plain_greedy, pick, Sampling};
+use crate::sampling::{is_plain_greedy, logprobs, pick, Sampling, TokenLogprobs, MAX_TOP_LOGPROBS};
 use nemotron_loader::NemotronHConfig;
 
 /// What a generation call may do.
@@ -21,6 +21,10 @@ pub struct GenerateOptions {
     /// Prefill at most this many prompt tokens per forward call (bounds activation memory and
     /// lets callers show progress). 0 = the whole prompt at once.
     pub prefill_chunk: usize,
+    /// Return each produced token's log-probability with the `n` most likely tokens at its
+    /// position (`Some(n)`, `n` ≤ [`MAX_TOP_LOGPROBS`]; [`TokenLogprobs`]). The logits rows then
+    /// come back to the host even for greedy requests.
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateOptions {
@@ -31,6 +35,7 @@ impl Default for GenerateOptions {
             stop_ids: vec![],
             max_context: None,
             prefill_chunk: 512,
+            logprobs: None,
         }
     }
 }
@@ -75,6 +80,11 @@ impl Sequence {
         opts: GenerateOptions,
     ) -> Result<Self, ModelError> {
         opts.sampling.validate()?;
+        if let Some(n) = opts.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+            return Err(ModelError::Input(format!(
+                "logprobs {n} is out of range (at most {MAX_TOP_LOGPROBS})"
+            )));
+        }
         if prompt.is_empty() {
             return Err(ModelError::Input("the prompt is empty".into()));
         }
@@ -112,6 +122,17 @@ impl Sequence {
     /// Whether the sampler is plain greedy (the device's argmax stands for it).
     pub(crate) fn greedy(&self) -> bool {
         is_plain_greedy(&self.opts.sampling)
+    }
+
+    /// Whether this request needs its logits rows on the host: it samples, or it asked for
+    /// log-probabilities.
+    pub(crate) fn needs_row(&self) -> bool {
+        !self.greedy() || self.opts.logprobs.is_some()
+    }
+
+    /// The log-probabilities of `tok` in `row` where the request asked for them.
+    pub(crate) fn logprobs(&self, row: &[f32], tok: u32) -> Option<TokenLogprobs> {
+        self.opts.logprobs.map(|n| logprobs(row, tok, n))
     }
 
     /// The stop checks made before producing a token: the budget, then the context limit.

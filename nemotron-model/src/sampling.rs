@@ -162,3 +162,78 @@ fn next_unit(state: &mut u64) -> f32 {
 pub(crate) fn is_plain_greedy(s: &Sampling) -> bool {
     s.temperature <= 0.0 && s.repetition_penalty == 1.0
 }
+
+/// The most `top_logprobs` a request may ask for (OpenAI's and vLLM's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A produced token's log-probability and the `n` most likely tokens' at its position, from the
+/// model's own distribution: the raw log-softmax of the logits row, before the repetition
+/// penalty, temperature and the filters (what vLLM returns by default).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// `(id, logprob)` by decreasing log-probability, the lower id first on ties; at most the `n`
+    /// asked for.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprobs`] of `token` in one row of logits with the `n` most likely tokens (`n` ≤
+/// [`MAX_TOP_LOGPROBS`], checked when the request is made). The log-sum-exp is summed in f64.
+pub fn logprobs(row: &[f32], token: u32, n: usize) -> TokenLogprobs {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let lse = m as f64 + sum.ln();
+    let lp = |x: f32| (x as f64 - lse) as f32;
+    // The `n` largest by one pass, kept sorted (n ≤ 20).
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &x) in row.iter().enumerate() {
+            if top.len() == n && x <= top[n - 1].1 {
+                continue;
+            }
+            let at = top.partition_point(|&(_, y)| y >= x);
+            top.insert(at, (i as u32, x));
+            top.truncate(n);
+        }
+    }
+    TokenLogprobs {
+        token,
+        logprob: row
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&x| lp(x)),
+        top: top.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a log-softmax written out in f64 and a full sort: the chosen token's value, the
+    /// top entries' order (ties by the lower id) and count, on a row with ties and a token that
+    /// does not rank.
+    #[test]
+    fn logprobs_are_the_raw_log_softmax_and_its_top() {
+        let row = [0.5f32, 3.0, -1.0, 3.0, 2.0, -7.5, 0.0, 2.0];
+        let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+        let want = |i: usize| ((row[i] as f64).exp() / z).ln() as f32;
+        for n in [0usize, 1, 3, 8] {
+            let got = logprobs(&row, 5, n);
+            assert!((got.logprob - want(5)).abs() < 1e-6, "{got:?}");
+            let mut ids: Vec<usize> = (0..row.len()).collect();
+            ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            let expect: Vec<u32> = ids[..n].iter().map(|&i| i as u32).collect();
+            let ids_got: Vec<u32> = got.top.iter().map(|t| t.0).collect();
+            assert_eq!(ids_got, expect, "n = {n}");
+            for &(i, l) in &got.top {
+                assert!((l - want(i as usize)).abs() < 1e-6, "{i}: {l}");
+            }
+        }
+        // Large logits: no overflow (the max is taken out first).
+        let big = [1000.0f32, 999.0];
+        let got = logprobs(&big, 1, 2);
+        let want1 = -(1.0f64 + 1f64.exp()).ln() as f32;
+        assert!((got.logprob - want1).abs() < 1e-6, "{got:?}");
+    }
+}

@@ -198,3 +198,95 @@ fn a_cancelled_request_frees_its_slot_for_the_next() {
         assert_eq!(got[&id.0], alone.tokens, "request {id:?}");
     }
 }
+
+/// Log-probabilities (`GenerateOptions::logprobs`) against the model's own logits: each
+/// produced token's value equals a log-softmax (written out here in f64) of the teacher-forced
+/// forward over the prompt and the tokens before it, its top entries are the `n` most likely in
+/// order, and the generator returns the same values as the engine. A greedy request (whose rows
+/// the engine otherwise leaves on the device) and a sampled one; more than 20 is refused by name.
+#[test]
+fn host_engine_logprobs_are_the_teacher_forced_log_softmax() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = load_host(dir.path());
+    let v = m.config().vocab_size;
+    let sampled = Sampling {
+        temperature: 0.9,
+        seed: 3,
+        ..Sampling::greedy()
+    };
+    let reqs = [
+        (ids(6, v, 1), Sampling::greedy(), 5usize),
+        (ids(4, v, 2), sampled, 3),
+    ];
+    let o = |s: &Sampling, n: usize| GenerateOptions {
+        max_new_tokens: 5,
+        sampling: s.clone(),
+        logprobs: Some(n),
+        ..Default::default()
+    };
+    let mut e = Engine::new(&m, EngineOptions::new(2, 32)).unwrap();
+    let ids_: Vec<_> = reqs
+        .iter()
+        .map(|(p, s, n)| e.submit(p, o(s, *n)).unwrap())
+        .collect();
+    let mut got: BTreeMap<usize, Vec<(u32, nemotron::model::TokenLogprobs)>> = BTreeMap::new();
+    e.run(|ev: Event| {
+        let i = ids_.iter().position(|&id| id == ev.id).unwrap();
+        if let Some(t) = ev.token {
+            let lp = ev
+                .logprobs
+                .expect("a token asked with logprobs carries them");
+            got.entry(i).or_default().push((t, lp));
+        }
+    })
+    .unwrap();
+    for (i, (p, s, n)) in reqs.iter().enumerate() {
+        let toks = &got[&i];
+        assert_eq!(toks.len(), 5, "request {i}");
+        // The teacher-forced logits over the prompt and every produced token but the last.
+        let mut seq = p.clone();
+        seq.extend(toks[..toks.len() - 1].iter().map(|t| t.0));
+        let mut st = m.new_state();
+        let logits = m.forward(&[&seq], &mut [&mut st]).unwrap();
+        let rows: Vec<f32> = logits.into_data().convert::<f32>().into_vec().unwrap();
+        for (j, (tok, lp)) in toks.iter().enumerate() {
+            assert_eq!(lp.token, *tok);
+            let at = p.len() - 1 + j;
+            let row = &rows[at * v..(at + 1) * v];
+            let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+            let want = |t: u32| ((row[t as usize] as f64).exp() / z).ln();
+            assert!(
+                (lp.logprob as f64 - want(*tok)).abs() < 1e-4,
+                "request {i} token {j}: {} against {}",
+                lp.logprob,
+                want(*tok)
+            );
+            let mut order: Vec<u32> = (0..v as u32).collect();
+            order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+            let top: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+            assert_eq!(top, order[..*n], "request {i} token {j}: top ids");
+            for &(t, l) in &lp.top {
+                assert!((l as f64 - want(t)).abs() < 1e-4, "request {i} top {t}");
+            }
+        }
+        // The streaming generator: the same tokens and values.
+        let mut g = m.generator(p, o(s, *n)).unwrap();
+        for (j, (tok, lp)) in toks.iter().enumerate() {
+            assert_eq!(g.next().unwrap().unwrap(), *tok, "request {i} token {j}");
+            let glp = g.last_logprobs().expect("the generator keeps them");
+            assert!(
+                (glp.logprob - lp.logprob).abs() < 1e-4,
+                "request {i} token {j}"
+            );
+            assert_eq!(
+                glp.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                lp.top.iter().map(|t| t.0).collect::<Vec<_>>()
+            );
+        }
+    }
+    let err = e
+        .submit(&ids(4, v, 2), o(&Sampling::greedy(), 21))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("logprobs") && err.contains("21"), "{err}");
+}
