@@ -12,7 +12,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,16 +73,23 @@ async fn run(st: Arc<AppState>, plan: Plan, arrived: Instant) -> Result<Response
     for r in &mut runs {
         let mut text = String::new();
         let mut finish = "length";
+        let mut content = vec![];
         while let Some(p) = r.next().await {
             let p = p?;
             text.push_str(&p.text);
+            content.extend(p.logprobs);
             if let Some(f) = p.finish {
                 finish = f;
             }
         }
         completion += r.tokens;
+        let logprobs = if plan.opts.logprobs.is_some() {
+            json!({ "content": content })
+        } else {
+            Value::Null
+        };
         choices.push(match plan.kind {
-            Kind::Chat => json!({"index": r.index, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
+            Kind::Chat => json!({"index": r.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}),
             Kind::Completion => json!({"index": r.index, "text": text, "logprobs": null, "finish_reason": finish}),
         });
     }

@@ -7,8 +7,10 @@ use crate::state::AppState;
 use crate::stop::StopMatcher;
 use crate::worker::{Cmd, Out};
 use axum::http::StatusCode;
+use nemotron::model::TokenLogprobs;
 use nemotron::StopReason;
 use nemotron::{TokenStream, Tokenizer};
+use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -47,6 +49,22 @@ pub struct Piece {
     pub finish: Option<&'static str>,
     /// Whether a token arrived with it (streams send one chunk per token).
     pub token: bool,
+    /// The token's entry of the chat `logprobs.content` list, where the request asked for it.
+    pub logprobs: Option<Value>,
+}
+
+/// One token of the chat `logprobs.content` list, as OpenAI writes it: the token's text (its
+/// id decoded alone; a piece of a multi-byte character decodes to U+FFFD), its log-probability,
+/// the UTF-8 bytes of that text, and the most likely tokens at its position.
+fn chat_logprobs(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let text = tok.decode(&[id]).unwrap_or_default();
+        let bytes: Vec<u8> = text.as_bytes().to_vec();
+        json!({"token": text, "logprob": logprob, "bytes": bytes})
+    };
+    let mut e = entry(lp.token, lp.logprob);
+    e["top_logprobs"] = Value::Array(lp.top.iter().map(|&(i, l)| entry(i, l)).collect());
+    e
 }
 
 fn finish_reason(r: StopReason) -> &'static str {
@@ -66,6 +84,7 @@ impl ChoiceRun {
         let internal =
             |e: nemotron::Error| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
         let mut token = false;
+        let mut logprobs = None;
         let (piece, ended) = match out {
             None => {
                 (self.finished, self.released) = (true, true);
@@ -85,7 +104,8 @@ impl ChoiceRun {
                 (self.finished, self.released) = (true, true);
                 return Some(Err(ApiError::bad_request(msg)));
             }
-            Some(Out::Token(t, stop)) => {
+            Some(Out::Token(t, stop, lp)) => {
+                logprobs = lp.map(|lp| chat_logprobs(&self.st.tokenizer, &lp));
                 let now = Instant::now();
                 match self.last {
                     None => self
@@ -125,6 +145,7 @@ impl ChoiceRun {
                 text,
                 finish: Some("stop"),
                 token,
+                logprobs,
             }));
         }
         let Some(reason) = ended else {
@@ -132,6 +153,7 @@ impl ChoiceRun {
                 text,
                 finish: None,
                 token,
+                logprobs,
             }));
         };
         (self.finished, self.released) = (true, true);
@@ -149,6 +171,7 @@ impl ChoiceRun {
             text,
             finish: Some(reason),
             token,
+            logprobs,
         }))
     }
 

@@ -8,6 +8,7 @@ use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
+use nemotron::model::sampling::MAX_TOP_LOGPROBS;
 use nemotron::model::Sampling;
 use nemotron::{GenerateOptions, Message};
 use serde::de::{DeserializeOwned, Deserializer};
@@ -491,12 +492,40 @@ fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 }
 
 impl ChatRequest {
-    /// The chat-only fields this server does not implement.
-    fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        unsupported_unless(&self.logprobs, "logprobs", |v| v == &Value::Bool(false))?;
-        unsupported_unless(&self.top_logprobs, "top_logprobs", |v| {
-            v.as_i64() == Some(0)
-        })
+    /// `logprobs` (a boolean) and `top_logprobs` (0–20, only with `logprobs: true`), as OpenAI
+    /// takes them: `Some(top)` where the answer carries log-probabilities.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let on = match &self.logprobs {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs must be a boolean (got {v})"),
+                ))
+            }
+        };
+        let top = match &self.top_logprobs {
+            None | Some(Value::Null) => 0,
+            Some(v) => match v.as_u64() {
+                Some(n) if n as usize <= MAX_TOP_LOGPROBS => n as usize,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "top_logprobs",
+                        format!(
+                            "top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {v})"
+                        ),
+                    ))
+                }
+            },
+        };
+        if top > 0 && !on {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        Ok(on.then_some(top))
     }
 
     /// The prompt rendered by the model's template.
@@ -657,7 +686,7 @@ pub fn parse(
         Kind::Chat => {
             let mut r = ChatRequest::deserialize(&v).map_err(shape)?;
             r.common.refuse_unsupported(st)?;
-            r.refuse_unsupported()?;
+            let logprobs = r.logprobs()?;
             let common = std::mem::take(&mut r.common);
             let max_fields = vec![
                 (
@@ -666,7 +695,8 @@ pub fn parse(
                 ),
                 ("max_tokens", common.max_tokens.clone()),
             ];
-            let checked = common.check(st, max_fields)?;
+            let mut checked = common.check(st, max_fields)?;
+            checked.opts.logprobs = logprobs;
             (checked, vec![r.prompt(st)?])
         }
         Kind::Completion => {

@@ -69,8 +69,13 @@ pub fn streamed(
                         }
                         Ok(p) => p,
                     };
+                    // A chat chunk's token carries its `logprobs.content` entry where asked.
+                    let lp = match &ev.logprobs {
+                        Some(e) => json!({ "content": [e] }),
+                        None => Value::Null,
+                    };
                     let text = |t: &str| match kind {
-                        Kind::Chat => json!({"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null}),
+                        Kind::Chat => json!({"index": i, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}),
                         Kind::Completion => json!({"index": i, "text": t, "logprobs": null, "finish_reason": null}),
                     };
                     let mut out = vec![];

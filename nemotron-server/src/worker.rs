@@ -4,7 +4,7 @@
 //! token; an explicit cancel (a dropped response) frees its slot before the next step.
 
 use crate::metrics::Metrics;
-use nemotron::model::{Engine, EngineOptions, RequestId};
+use nemotron::model::{Engine, EngineOptions, RequestId, TokenLogprobs};
 use nemotron::{GenerateOptions, StopReason, TextModel};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -16,8 +16,9 @@ use tokio::sync::mpsc::UnboundedSender;
 /// What the engine thread sends a request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Out {
-    /// A token, with the stop reason if it was the last.
-    Token(u32, Option<StopReason>),
+    /// A token, with the stop reason if it was the last, and its log-probabilities where the
+    /// request asked for them.
+    Token(u32, Option<StopReason>, Option<TokenLogprobs>),
     /// The request ended without another token.
     Done(StopReason),
     /// The engine refused the request when it was submitted (one line).
@@ -146,7 +147,7 @@ pub fn run<'m>(
         for e in events {
             let Some(l) = live.get(&e.id) else { continue };
             let out = match (e.token, e.stop) {
-                (Some(t), s) => Out::Token(t, s),
+                (Some(t), s) => Out::Token(t, s, e.logprobs),
                 (None, Some(s)) => Out::Done(s),
                 (None, None) => continue,
             };

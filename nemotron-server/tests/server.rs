@@ -187,6 +187,78 @@ fn chat_streamed_and_not_equal_the_library() {
     }
 }
 
+/// Chat `logprobs: true, top_logprobs: 3`: one `content` entry per generated token, each equal
+/// to what the library returns for the same prompt (the token's text, its log-probability, the
+/// three most likely tokens in order), streamed and not alike; without `logprobs` they stay null.
+#[test]
+fn chat_logprobs_equal_the_library_streamed_and_not() {
+    let s = start(4, 8, 256);
+    let tm = reference();
+    let body = json!({"model": NAME, "messages": [{"role": "user", "content": "Count to three."}],
+        "temperature": 0, "max_tokens": 6, "ignore_eos": true, "logprobs": true, "top_logprobs": 3});
+    let (code, r) = post(&s, "/v1/chat/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let content = r["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(content.len(), 6, "{r}");
+    // The library on the same rendered prompt.
+    let rendered = tm
+        .chat_template
+        .as_ref()
+        .unwrap()
+        .render(&[Message::new("user", "Count to three.")], None)
+        .unwrap();
+    let ids = tm.tokenizer.encode(&rendered, false).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        logprobs: Some(3),
+        ..Default::default()
+    };
+    let mut g = tm.model.generator(&ids, opts).unwrap();
+    for (j, e) in content.iter().enumerate() {
+        let tok = g.next().unwrap().unwrap();
+        let lp = g.last_logprobs().unwrap();
+        let text = tm.tokenizer.decode(&[tok]).unwrap();
+        assert_eq!(e["token"], text.as_str(), "token {j}");
+        assert_eq!(e["bytes"], json!(text.as_bytes()), "token {j}");
+        let got = e["logprob"].as_f64().unwrap();
+        assert!(
+            (got - lp.logprob as f64).abs() < 1e-4,
+            "token {j}: {got} against {}",
+            lp.logprob
+        );
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "token {j}");
+        for (t, &(id, l)) in top.iter().zip(&lp.top) {
+            assert_eq!(t["token"], tm.tokenizer.decode(&[id]).unwrap().as_str());
+            assert!((t["logprob"].as_f64().unwrap() - l as f64).abs() < 1e-4);
+        }
+    }
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let ev = stream(&s, "/v1/chat/completions", &sb);
+    let mut streamed = vec![];
+    for e in &ev[..ev.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        for ch in c["choices"].as_array().unwrap() {
+            if let Some(list) = ch["logprobs"]["content"].as_array() {
+                streamed.extend(list.iter().cloned());
+            }
+        }
+    }
+    assert_eq!(
+        streamed, content,
+        "the stream's entries equal the whole answer's"
+    );
+    let mut plain = body.clone();
+    plain.as_object_mut().unwrap().remove("logprobs");
+    plain.as_object_mut().unwrap().remove("top_logprobs");
+    let (_, r) = post(&s, "/v1/chat/completions", &plain);
+    assert_eq!(r["choices"][0]["logprobs"], Value::Null, "{r}");
+}
+
 #[test]
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);
@@ -399,8 +471,16 @@ fn bad_requests_are_refused_with_openai_errors() {
             "chat_template_kwargs",
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}),
             "logprobs",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+            "top_logprobs",
         ),
         (
             json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100}),
