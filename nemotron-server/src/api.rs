@@ -4,6 +4,7 @@
 
 use crate::choice::submit;
 use crate::error::ApiError;
+use crate::logprobs;
 use crate::request::{parse, Kind, Plan};
 use crate::sse::{streamed, usage};
 use crate::state::AppState;
@@ -59,6 +60,7 @@ async fn run(st: Arc<AppState>, plan: Plan, arrived: Instant) -> Result<Response
     let model = st.model_name.clone();
     if plan.stream {
         return Ok(streamed(
+            st.tokenizer.clone(),
             runs,
             plan.kind,
             plan.include_usage,
@@ -73,24 +75,34 @@ async fn run(st: Arc<AppState>, plan: Plan, arrived: Instant) -> Result<Response
     for r in &mut runs {
         let mut text = String::new();
         let mut finish = "length";
-        let mut content = vec![];
+        // Each token's log-probabilities with the offset (in characters) of the text emitted
+        // with it.
+        let mut lps = vec![];
         while let Some(p) = r.next().await {
             let p = p?;
+            if let Some(lp) = p.logprobs {
+                lps.push((lp, text.chars().count()));
+            }
             text.push_str(&p.text);
-            content.extend(p.logprobs);
             if let Some(f) = p.finish {
                 finish = f;
             }
         }
         completion += r.tokens;
-        let logprobs = if plan.opts.logprobs.is_some() {
-            json!({ "content": content })
-        } else {
-            Value::Null
+        let logprobs = match (plan.opts.logprobs, plan.kind) {
+            (None, _) => Value::Null,
+            (Some(_), Kind::Chat) => {
+                let content: Vec<Value> = lps
+                    .iter()
+                    .map(|(lp, _)| logprobs::chat_entry(&st.tokenizer, lp))
+                    .collect();
+                json!({ "content": content })
+            }
+            (Some(_), Kind::Completion) => logprobs::completion_object(&st.tokenizer, &lps),
         };
         choices.push(match plan.kind {
             Kind::Chat => json!({"index": r.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish}),
-            Kind::Completion => json!({"index": r.index, "text": text, "logprobs": null, "finish_reason": finish}),
+            Kind::Completion => json!({"index": r.index, "text": text, "logprobs": logprobs, "finish_reason": finish}),
         });
     }
     let object = match plan.kind {

@@ -10,7 +10,6 @@ use axum::http::StatusCode;
 use nemotron::model::TokenLogprobs;
 use nemotron::StopReason;
 use nemotron::{TokenStream, Tokenizer};
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -49,22 +48,9 @@ pub struct Piece {
     pub finish: Option<&'static str>,
     /// Whether a token arrived with it (streams send one chunk per token).
     pub token: bool,
-    /// The token's entry of the chat `logprobs.content` list, where the request asked for it.
-    pub logprobs: Option<Value>,
-}
-
-/// One token of the chat `logprobs.content` list, as OpenAI writes it: the token's text (its
-/// id decoded alone; a piece of a multi-byte character decodes to U+FFFD), its log-probability,
-/// the UTF-8 bytes of that text, and the most likely tokens at its position.
-fn chat_logprobs(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
-    let entry = |id: u32, logprob: f32| {
-        let text = tok.decode(&[id]).unwrap_or_default();
-        let bytes: Vec<u8> = text.as_bytes().to_vec();
-        json!({"token": text, "logprob": logprob, "bytes": bytes})
-    };
-    let mut e = entry(lp.token, lp.logprob);
-    e["top_logprobs"] = Value::Array(lp.top.iter().map(|&(i, l)| entry(i, l)).collect());
-    e
+    /// The token's log-probabilities, where the request asked for them
+    /// ([`crate::logprobs`] writes them in the endpoint's shape).
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 fn finish_reason(r: StopReason) -> &'static str {
@@ -105,7 +91,7 @@ impl ChoiceRun {
                 return Some(Err(ApiError::bad_request(msg)));
             }
             Some(Out::Token(t, stop, lp)) => {
-                logprobs = lp.map(|lp| chat_logprobs(&self.st.tokenizer, &lp));
+                logprobs = lp;
                 let now = Instant::now();
                 match self.last {
                     None => self

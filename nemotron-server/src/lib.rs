@@ -35,6 +35,7 @@ pub mod api;
 pub mod choice;
 pub mod error;
 pub mod info;
+pub mod logprobs;
 pub mod metrics;
 pub mod request;
 pub mod sse;

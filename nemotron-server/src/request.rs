@@ -620,9 +620,23 @@ fn token_ids(a: &[Value], at: &str, vocab: usize) -> Result<Vec<u32>, ApiError> 
 }
 
 impl CompletionRequest {
+    /// `logprobs` (0–20: the most likely tokens listed with each token's own): `Some(n)` where
+    /// the answer carries log-probabilities.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        match &self.logprobs {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
+                _ => Err(ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} (got {v})"),
+                )),
+            },
+        }
+    }
+
     /// The completion-only fields this server does not implement.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        unsupported_unless(&self.logprobs, "logprobs", |_| false)?;
         unsupported_unless(&self.echo, "echo", |v| v == &Value::Bool(false))?;
         unsupported_unless(&self.suffix, "suffix", |v| v.as_str() == Some(""))
     }
@@ -703,9 +717,11 @@ pub fn parse(
             let mut r = CompletionRequest::deserialize(&v).map_err(shape)?;
             r.common.refuse_unsupported(st)?;
             r.refuse_unsupported()?;
+            let logprobs = r.logprobs()?;
             let common = std::mem::take(&mut r.common);
             let max_fields = vec![("max_tokens", common.max_tokens.clone())];
-            let checked = common.check(st, max_fields)?;
+            let mut checked = common.check(st, max_fields)?;
+            checked.opts.logprobs = logprobs;
             (checked, r.prompts(st)?)
         }
     };

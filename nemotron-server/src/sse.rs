@@ -2,10 +2,12 @@
 //! them, and the usage object both answers carry.
 
 use crate::choice::ChoiceRun;
+use crate::logprobs;
 use crate::request::Kind;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, StreamExt};
+use nemotron::Tokenizer;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,9 +20,10 @@ pub fn usage(prompt: usize, completion: usize) -> Value {
 
 /// The events of `runs` (choices of a `kind` request `id`, created at `created` for `model`
 /// over `prompt_tokens` prompt tokens), ended by the usage chunk when `include_usage` and by
-/// `[DONE]`.
+/// `[DONE]`. `tok` writes the tokens' texts of their log-probabilities.
 #[allow(clippy::too_many_arguments)]
 pub fn streamed(
+    tok: Arc<Tokenizer>,
     runs: Vec<ChoiceRun>,
     kind: Kind,
     include_usage: bool,
@@ -55,11 +58,14 @@ pub fn streamed(
             let opening = (kind == Kind::Chat).then(|| {
                 chunk(json!([{"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]), None)
             });
-            let body = stream::unfold(Some(r), move |r| {
+            let tok = tok.clone();
+            let body = stream::unfold(Some((r, 0usize)), move |state| {
                 let chunk = chunk.clone();
                 let completion = completion.clone();
+                let tok = tok.clone();
                 async move {
-                    let mut r = r?;
+                    // `offset`: the characters of this choice's text sent so far.
+                    let (mut r, mut offset) = state?;
                     let i = r.index;
                     let p = r.next().await?;
                     let ev = match p {
@@ -69,14 +75,22 @@ pub fn streamed(
                         }
                         Ok(p) => p,
                     };
-                    // A chat chunk's token carries its `logprobs.content` entry where asked.
-                    let lp = match &ev.logprobs {
-                        Some(e) => json!({ "content": [e] }),
-                        None => Value::Null,
+                    // A chunk's token carries its log-probabilities where asked: chat's
+                    // `content` entry, or the legacy object of the one token at the offset of
+                    // the text emitted with it.
+                    let lp = match (&ev.logprobs, kind) {
+                        (None, _) => Value::Null,
+                        (Some(lp), Kind::Chat) => {
+                            json!({ "content": [logprobs::chat_entry(&tok, lp)] })
+                        }
+                        (Some(lp), Kind::Completion) => {
+                            logprobs::completion_object(&tok, &[(lp.clone(), offset)])
+                        }
                     };
+                    offset += ev.text.chars().count();
                     let text = |t: &str| match kind {
                         Kind::Chat => json!({"index": i, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}),
-                        Kind::Completion => json!({"index": i, "text": t, "logprobs": null, "finish_reason": null}),
+                        Kind::Completion => json!({"index": i, "text": t, "logprobs": lp, "finish_reason": null}),
                     };
                     let mut out = vec![];
                     match ev.finish {
@@ -94,7 +108,7 @@ pub fn streamed(
                             return Some((out, None));
                         }
                     }
-                    Some((out, Some(r)))
+                    Some((out, Some((r, offset))))
                 }
             })
             .flat_map(stream::iter);

@@ -259,6 +259,77 @@ fn chat_logprobs_equal_the_library_streamed_and_not() {
     assert_eq!(r["choices"][0]["logprobs"], Value::Null, "{r}");
 }
 
+/// Completions `logprobs: 2` in the legacy shape: `tokens`, `token_logprobs`, `top_logprobs`
+/// (text → log-probability) and `text_offset`, equal to the library generator's values for the
+/// same prompt, the offsets rising from 0 inside the answer's text; the stream's per-token
+/// objects concatenate to the same lists.
+#[test]
+fn completion_logprobs_equal_the_library_streamed_and_not() {
+    let s = start(4, 8, 256);
+    let tm = reference();
+    let body = json!({"prompt": "The sky is", "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 2});
+    let (code, r) = post(&s, "/v1/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let text = r["choices"][0]["text"].as_str().unwrap().to_string();
+    let lp = &r["choices"][0]["logprobs"];
+    let ids = tm.tokenizer.encode("The sky is", true).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        logprobs: Some(2),
+        ..Default::default()
+    };
+    let mut g = tm.model.generator(&ids, opts).unwrap();
+    let mut offset = 0;
+    for j in 0..6 {
+        let tok = g.next().unwrap().unwrap();
+        let want = g.last_logprobs().unwrap();
+        let t = tm.tokenizer.decode(&[tok]).unwrap();
+        assert_eq!(lp["tokens"][j], t.as_str(), "token {j}: {lp}");
+        let got = lp["token_logprobs"][j].as_f64().unwrap();
+        assert!((got - want.logprob as f64).abs() < 1e-4, "token {j}");
+        let top = lp["top_logprobs"][j].as_object().unwrap();
+        assert!(top.len() <= 2 && !top.is_empty(), "token {j}: {top:?}");
+        let (id0, l0) = want.top[0];
+        let first = &top[&tm.tokenizer.decode(&[id0]).unwrap()];
+        assert!(
+            (first.as_f64().unwrap() - l0 as f64).abs() < 1e-4,
+            "token {j}"
+        );
+        // Where the text emitted with the token starts: from 0, never back, inside the text.
+        let off = lp["text_offset"][j].as_u64().unwrap() as usize;
+        assert!(
+            off >= offset && off <= text.chars().count(),
+            "token {j}: {off}"
+        );
+        assert!(j > 0 || off == 0);
+        offset = off;
+    }
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let ev = stream(&s, "/v1/completions", &sb);
+    let mut lists: [Vec<Value>; 4] = Default::default();
+    for e in &ev[..ev.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        for ch in c["choices"].as_array().unwrap() {
+            if ch["logprobs"].is_null() {
+                continue;
+            }
+            for (k, key) in ["tokens", "token_logprobs", "top_logprobs", "text_offset"]
+                .iter()
+                .enumerate()
+            {
+                lists[k].extend(ch["logprobs"][key].as_array().unwrap().iter().cloned());
+            }
+        }
+    }
+    for (k, key) in ["tokens", "token_logprobs", "top_logprobs", "text_offset"]
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(Value::Array(lists[k].clone()), lp[key], "streamed {key}");
+    }
+}
+
 #[test]
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);
@@ -405,8 +476,18 @@ fn bad_requests_are_refused_with_openai_errors() {
         (json!({"prompt": "hi", "stop": 3}), "stop", "stop"),
         (json!({"prompt": "hi", "stop": [""]}), "stop", "non-empty"),
         (
-            json!({"prompt": "hi", "logprobs": 2}),
+            json!({"prompt": "hi", "logprobs": 21}),
             "logprobs",
+            "0 to 20",
+        ),
+        (
+            json!({"prompt": "hi", "logprobs": true}),
+            "logprobs",
+            "integer",
+        ),
+        (
+            json!({"prompt": "hi", "echo": true}),
+            "echo",
             "not supported",
         ),
         (
