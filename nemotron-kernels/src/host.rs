@@ -194,7 +194,9 @@ where
 fn split3<F: HostPrimitive>(y: F, widths: [usize; 3]) -> (F, F, F) {
     let (y, shape) = y.floats();
     let n: usize = widths.iter().sum();
-    let r = shape[0];
+    // The leading dimensions are kept; the last is split.
+    let lead = &shape[..shape.len() - 1];
+    let r: usize = lead.iter().product();
     let mut parts = widths.map(|w| Vec::with_capacity(r * w));
     for row in y.chunks(n) {
         let mut c = 0;
@@ -203,11 +205,12 @@ fn split3<F: HostPrimitive>(y: F, widths: [usize; 3]) -> (F, F, F) {
             c += w;
         }
     }
+    let shape_of = |w: usize| [lead, &[w]].concat();
     let [a, b, c] = parts;
     (
-        from_floats(a, vec![r, widths[0]]),
-        from_floats(b, vec![r, widths[1]]),
-        from_floats(c, vec![r, widths[2]]),
+        from_floats(a, shape_of(widths[0])),
+        from_floats(b, shape_of(widths[1])),
+        from_floats(c, shape_of(widths[2])),
     )
 }
 
@@ -653,6 +656,23 @@ macro_rules! host_backend {
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
                 causal_conv1d(x, weight, bias.into_option(), state, lens)
+            }
+            fn causal_conv1d3(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                weight: burn::backend::tensor::FloatTensor<Self>,
+                bias: Maybe<Self>,
+                state: burn::backend::tensor::FloatTensor<Self>,
+                lens: &[usize],
+                widths: [usize; 3],
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                let (y, s) = causal_conv1d(x, weight, bias.into_option(), state, lens);
+                let (a, b, c) = split3(y, widths);
+                (a, b, c, s)
             }
             fn selective_scan(
                 x: burn::backend::tensor::FloatTensor<Self>,

@@ -321,6 +321,23 @@ pub trait NemotronOps: Backend {
         lens: &[usize],
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`Self::causal_conv1d`] whose output channels come back as three dense tensors
+    /// `[B, T, widths[i]]` (Mamba's `x`, `B`, `C`), then the new state: one launch where the
+    /// device can write the three directly, so the scan reads them without copies.
+    fn causal_conv1d3(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        #[extension_type] bias: Maybe<Self>,
+        state: FloatTensor<Self>,
+        lens: &[usize],
+        widths: [usize; 3],
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
     /// The Mamba2 selective scan with the D skip, per head `h` of group `g = h / (H/G)`:
     /// `S = exp(dt·A[h])·S + dt·outer(x, B[g])`, `y = S·C[g] + D[h]·x`.
     /// `x`: `[B, T, H, P]`; `dt`: `[B, T, H]` (after softplus); `a`: `[H]` (= −exp(A_log));

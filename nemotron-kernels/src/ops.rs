@@ -463,6 +463,40 @@ pub fn causal_conv1d(
     (out(y), out(s))
 }
 
+/// [`causal_conv1d`] with the output's channels split into three dense tensors of `widths`
+/// channels (see [`NemotronOps::causal_conv1d3`]): `([x, B, C], new_state)`.
+pub fn causal_conv1d3(
+    x: Tensor<3>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    state: Tensor<3>,
+    lens: &[usize],
+    widths: [usize; 3],
+) -> ([Tensor<3>; 3], Tensor<3>) {
+    let [b, t, c] = x.dims();
+    let [wc, k] = weight.dims();
+    assert!(
+        wc == c && k >= 1,
+        "causal_conv1d3: weight [{wc}, {k}] for {c} channels"
+    );
+    assert_eq!(state.dims(), [b, c, k - 1], "causal_conv1d3: state shape");
+    assert!(
+        widths.iter().all(|&w| w > 0) && widths.iter().sum::<usize>() == c,
+        "causal_conv1d3: widths {widths:?} do not split {c} channels into three"
+    );
+    let lens = ragged(lens, b, t);
+    let bias: Maybe<D> = bias.map(|b| b.into_dispatch()).into();
+    let (y0, y1, y2, s) = <D as NemotronOps>::causal_conv1d3(
+        x.into_dispatch(),
+        weight.into_dispatch(),
+        bias,
+        state.into_dispatch(),
+        lens,
+        widths,
+    );
+    ([out(y0), out(y1), out(y2)], out(s))
+}
+
 /// The selective scan with D skip and carried f32 state (see [`NemotronOps::selective_scan`]);
 /// `state` `None`: every sequence starts from the zero state.
 #[allow(clippy::too_many_arguments)]

@@ -208,6 +208,18 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         mamba::conv::launch(x, weight, bias, state, lens)
     }
 
+    fn causal_conv1d3(
+        x: T<R>,
+        weight: T<R>,
+        bias: Maybe<Self>,
+        state: T<R>,
+        lens: &[usize],
+        widths: [usize; 3],
+    ) -> (T<R>, T<R>, T<R>, T<R>) {
+        let ([a, b, c], s) = mamba::conv::launch_split(x, weight, bias, state, lens, widths);
+        (a, b, c, s)
+    }
+
     fn selective_scan(
         x: T<R>,
         dt: T<R>,

@@ -74,6 +74,39 @@ fn conv_case(arm: &Arm, seed: u64, (tm, c, k): (usize, usize, usize), cases: &[V
                 );
             }
             close(&format!("conv state lens {lens:?}"), &gs, &rs, arm.band.lin);
+            // The same conv written as three dense tensors (`x`, `B`, `C`): each part equals
+            // its channels of the reference's one output, and the state is the same.
+            let widths = [c / 2 + 1, c / 4, c - c / 2 - 1 - c / 4];
+            let (parts, s3) = ops::causal_conv1d3(
+                arm.t(&x, [b, tm, c]),
+                arm.t(&w, [c, k]),
+                with_bias.then(|| arm.t(&bias, [c])),
+                arm.t(&st, [b, c, k - 1]),
+                lens,
+                widths,
+            );
+            let mut c0 = 0;
+            for (pi, (part, wd)) in parts.into_iter().zip(widths).enumerate() {
+                assert_eq!(part.dims(), [b, tm, wd], "conv part {pi} shape");
+                let got = host(part);
+                let (mut gv, mut rv) = (vec![], vec![]);
+                for (bb, &len) in lens.iter().enumerate() {
+                    for tt in 0..len {
+                        let (g0, r0) = ((bb * tm + tt) * wd, (bb * tm + tt) * c + c0);
+                        gv.extend_from_slice(&got[g0..g0 + wd]);
+                        rv.extend_from_slice(&ry[r0..r0 + wd]);
+                    }
+                }
+                let name = format!("conv part {pi} lens {lens:?} bias {with_bias}");
+                close(&name, &gv, &rv, arm.band.lin);
+                c0 += wd;
+            }
+            close(
+                &format!("conv3 state lens {lens:?}"),
+                &host(s3),
+                &rs,
+                arm.band.lin,
+            );
         }
     }
 }

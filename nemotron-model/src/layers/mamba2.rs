@@ -225,21 +225,18 @@ impl Mamba2 {
         };
         let ssm_state = (!fresh).then(|| crate::util::stack(ssm_states));
 
-        let (xbc, conv_state) = ops::causal_conv1d(
+        // The conv writes x, B and C as three dense tensors: their reshapes are free.
+        let ([x, bm, cm], conv_state) = ops::causal_conv1d3(
             xbc,
             self.conv_weight.clone(),
             self.conv_bias.clone(),
             conv_state,
             lens,
+            [i, g * n, g * n],
         );
-        let x = xbc.clone().slice_dim(2, 0..i).reshape([bsz, t, nh, p]);
-        let bm = xbc
-            .clone()
-            .slice_dim(2, i..i + g * n)
-            .reshape([bsz, t, g, n]);
-        let cm = xbc
-            .slice_dim(2, i + g * n..i + 2 * g * n)
-            .reshape([bsz, t, g, n]);
+        let x = x.reshape([bsz, t, nh, p]);
+        let bm = bm.reshape([bsz, t, g, n]);
+        let cm = cm.reshape([bsz, t, g, n]);
         let dt = ops::dt_softplus(dt, self.dt_bias.clone(), self.dt_min);
         let (y, ssm_state) = ops::selective_scan(
             x,

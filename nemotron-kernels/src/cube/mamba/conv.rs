@@ -8,7 +8,9 @@
 //! once per unit instead of `K` times, and the unit's indices come from the cube position (one
 //! division per unit). The units of the last `B` cube rows write the new states. `x` and `y` stay
 //! in the activation type; the arithmetic is f32, each output's sum in the same order as
-//! before. The former one-unit-per-output form spent three 64-bit divisions per output and was
+//! before. The output may be split along channels into three dense tensors ([`launch_split`]:
+//! Mamba's `x`, `B`, `C`), so the scan reads them without the three copies that slicing one
+//! `[B, T, C]` output took (225 µs of a 64 × 128-token Lightning layer on the H100, PERF §28). The former one-unit-per-output form spent three 64-bit divisions per output and was
 //! issue-bound: 0.0585 ms for a 1,024-token Lightning layer (≈ 25 MB) on the H200 (PERF §16).
 
 use crate::cube::buffers::{
@@ -34,10 +36,14 @@ pub fn causal_conv1d_kernel<F: Float>(
     state: &[f32],
     lens: &[u32],
     y: &mut [F],
+    y1: &mut [F],
+    y2: &mut [F],
     new_state: &mut [f32],
     batch: u32,
     t_max: u32,
     ch: u32,
+    w0: u32,
+    w1: u32,
     #[comptime] k: usize,
     #[comptime] steps: usize,
     #[comptime] ragged: bool,
@@ -81,6 +87,21 @@ pub fn causal_conv1d_kernel<F: Float>(
             if has_bias {
                 b0 = bias[c];
             }
+            // Which output the channel goes to, its column there and that output's width:
+            // channels `[0, w0)` to `y`, `[w0, w0 + w1)` to `y1`, the rest to `y2`.
+            let (w0, w1) = (w0 as usize, w1 as usize);
+            let mut part = 0u32;
+            let mut col = c;
+            let mut width = w0;
+            if c >= w0 + w1 {
+                part = 2u32;
+                col = c - w0 - w1;
+                width = ch - w0 - w1;
+            } else if c >= w0 {
+                part = 1u32;
+                col = c - w0;
+                width = w1;
+            }
             #[unroll]
             for j in 0..steps {
                 let t = t0 + j;
@@ -90,7 +111,15 @@ pub fn causal_conv1d_kernel<F: Float>(
                     for kk in 0..k {
                         acc += wk[kk] * win[j + kk];
                     }
-                    y[(b * t_max + t) * ch + c] = F::cast_from(acc / (1.0f32 + (-acc).exp()));
+                    let v = F::cast_from(acc / (1.0f32 + (-acc).exp()));
+                    let at = (b * t_max + t) * width + col;
+                    if part == 0u32 {
+                        y[at] = v;
+                    } else if part == 1u32 {
+                        y1[at] = v;
+                    } else {
+                        y2[at] = v;
+                    }
                 }
             }
         }
@@ -113,6 +142,7 @@ pub fn causal_conv1d_kernel<F: Float>(
     }
 }
 
+/// The conv of `x` `[B, T, C]`: `(y, new_state)`.
 pub fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
@@ -120,9 +150,40 @@ pub fn launch<R: CubeRuntime>(
     state: CubeTensor<R>,
     lens: &[usize],
 ) -> (CubeTensor<R>, CubeTensor<R>) {
+    let c = x.meta.shape()[2];
+    let (mut ys, ns) = run(x, weight, bias, state, lens, [c, 0, 0]);
+    (ys.swap_remove(0), ns)
+}
+
+/// [`launch`] with the output's channels split into three dense tensors `[B, T, widths[i]]`
+/// (each width > 0, summing to `C`), written by the same launch.
+pub fn launch_split<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    bias: Maybe<CubeBackend<R>>,
+    state: CubeTensor<R>,
+    lens: &[usize],
+    widths: [usize; 3],
+) -> ([CubeTensor<R>; 3], CubeTensor<R>) {
+    let (ys, ns) = run(x, weight, bias, state, lens, widths);
+    let [a, b, c]: [CubeTensor<R>; 3] = ys.try_into().unwrap_or_else(|_| unreachable!());
+    ([a, b, c], ns)
+}
+
+/// The launch: outputs of `widths` channels (a zero width: no output, a 1-element stand-in
+/// bound in its place). Returns the outputs of nonzero width, in order.
+fn run<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    bias: Maybe<CubeBackend<R>>,
+    state: CubeTensor<R>,
+    lens: &[usize],
+    widths: [usize; 3],
+) -> (Vec<CubeTensor<R>>, CubeTensor<R>) {
     let (dtype, state_dtype) = (x.dtype, state.dtype);
     let shape = x.meta.shape().clone();
     let (b, t, c) = (shape[0], shape[1], shape[2]);
+    debug_assert_eq!(widths.iter().sum::<usize>(), c);
     let k = weight.meta.shape()[1];
     let act = match dtype {
         DType::BF16 | DType::F16 => dtype,
@@ -130,7 +191,10 @@ pub fn launch<R: CubeRuntime>(
     };
     let (x, w, st) = (contiguous_as(x, act), f32_buf(weight), f32_buf(state));
     let bias = bias.into_option().map(f32_buf);
-    let y = empty(&x, [b, t, c], act);
+    let ys: Vec<_> = widths
+        .iter()
+        .map(|&wd| empty(&x, if wd > 0 { vec![b, t, wd] } else { vec![1] }, act))
+        .collect();
     let ns = empty(&x, [b, c, k - 1], DType::F32);
     let client = x.client.clone();
     let lens = lens_buf(&client, lens);
@@ -150,11 +214,15 @@ pub fn launch<R: CubeRuntime>(
                     Some((h, n)) => handle_arg(h, *n),
                     None => arg(&w),
                 },
-                arg(&y),
+                arg(&ys[0]),
+                arg(&ys[1]),
+                arg(&ys[2]),
                 arg(&ns),
                 b as u32,
                 t as u32,
                 c as u32,
+                widths[0] as u32,
+                widths[1] as u32,
                 k,
                 CONV_STEPS,
                 lens.is_some(),
@@ -163,5 +231,11 @@ pub fn launch<R: CubeRuntime>(
         };
     }
     with_float!(act, go);
-    (contiguous_as(y, dtype), contiguous_as(ns, state_dtype))
+    let ys = ys
+        .into_iter()
+        .zip(widths)
+        .filter(|(_, wd)| *wd > 0)
+        .map(|(y, _)| contiguous_as(y, dtype))
+        .collect();
+    (ys, contiguous_as(ns, state_dtype))
 }
