@@ -304,7 +304,25 @@ mod cuda {
     use super::{Band, SynthRecipe, BF16_DRIFTS, F32_BAND, W8A8_BAND};
     use burn::tensor::{DType, Device};
     fn dev() -> Device {
+        kernel_settings_from_env();
         Device::cuda(0)
+    }
+
+    /// `NEMOTRON_TEST_KERNELS=S` (`bench --mma-min`'s syntax): these tests run under kernel
+    /// settings other than the library's defaults (process-wide, applied once), so a setting is
+    /// held against the HF fixtures before it becomes a default (`tools/device/call.sh itenv`).
+    /// A value the parser refuses fails the test.
+    fn kernel_settings_from_env() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            if let Ok(s) = std::env::var("NEMOTRON_TEST_KERNELS") {
+                use nemotron::kernels::cube::settings::Settings;
+                if let Err(e) = Settings::parse(&s).and_then(|k| k.apply()) {
+                    panic!("NEMOTRON_TEST_KERNELS={s:?}: {e}");
+                }
+                eprintln!("kernel settings: {s}");
+            }
+        });
     }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]

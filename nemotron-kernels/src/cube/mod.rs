@@ -39,10 +39,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static FUSED: AtomicBool = AtomicBool::new(true);
 
-/// Whether the fused decode launches run (default on): the conv inside the SSM step
-/// (`conv_ssm_step`) and the gated norm inside the FP8 `out_proj` (`fp8_gated_linear`). Off, each
-/// runs as its two ops — the same values up to the norm's summation order; for benchmarks and
-/// tests (process-wide).
+/// Whether the fused launches run (default on): the conv inside the SSM step
+/// (`conv_ssm_step`), the gated norm inside the FP8 `out_proj` (`fp8_gated_linear`, one row),
+/// and for many rows the gated norm writing the E4M3 codes that `out_proj`'s tensor-core kernel
+/// reads. Off, each runs as its two ops — the same values up to the norm's summation order; for
+/// benchmarks and tests (process-wide).
 pub fn set_fused(on: bool) {
     FUSED.store(on, Ordering::Relaxed);
 }

@@ -266,6 +266,21 @@ impl Mamba2 {
                 };
             }
         }
+        if let Linear::Fp8(w) = &self.out_proj {
+            // The gated norm and `out_proj` together where the backend can (for many rows the
+            // norm writes the E4M3 codes the tensor-core kernel reads).
+            let n = &self.norm;
+            let y = ops::fp8_gated_linear(
+                y.reshape([bsz * t, i]),
+                z.reshape([bsz * t, i]),
+                n.weight.clone(),
+                n.groups,
+                n.eps,
+                w,
+            );
+            let y = y.reshape([bsz, t, self.out_proj.out_features()]);
+            return (y, kept);
+        }
         let u = self.norm.forward(y.reshape([bsz, t, i]), z);
         (self.out_proj.forward(u, Epilogue::None), kept)
     }

@@ -362,8 +362,9 @@ pub fn launch<R: CubeRuntime>(
 }
 
 /// `launch(rms_norm(x, gate), w)` (Mamba2's gated output norm then `out_proj`): one launch where
-/// the tensor-core kernel can compute the norm in its prologue (`super::mma::fp8_gated`),
-/// else the norm kernel and this linear.
+/// the tensor-core kernel can compute the norm in its prologue (`super::mma::fp8_gated`, one
+/// row); the norm writing E4M3 codes for the tensor-core kernel where many rows take it
+/// (`super::mma::fp8_gated_rows`); else the norm kernel and this linear.
 pub fn launch_gated<R: CubeRuntime>(
     x: CubeTensor<R>,
     gate: CubeTensor<R>,
@@ -380,7 +381,10 @@ pub fn launch_gated<R: CubeRuntime>(
         group: h / groups.max(1),
         eps: eps as f32,
     };
-    if groups > 0 && crate::cube::fused() && super::mma::fp8_gated(&c, &w, &norm) {
+    if groups > 0
+        && crate::cube::fused()
+        && (super::mma::fp8_gated(&c, &w, &norm) || super::mma::fp8_gated_rows(&c, &w, &norm))
+    {
         return c.y;
     }
     let u = crate::cube::norm::launch(c.x, Some(gate).into(), norm_weight, groups, eps);

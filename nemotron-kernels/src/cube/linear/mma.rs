@@ -38,6 +38,7 @@
 //! expert has no slot leaves at once.
 
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
+use super::super::reduce::block_sum;
 pub use super::frag::blocks;
 use super::frag::{
     block_end, chunk_load, e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, tiles, Fp8E4m3,
@@ -549,6 +550,72 @@ pub fn fp8_quantize_bytes_kernel<F: Float>(
             word |= e4m3_byte(e4m3_round(v)) << ((8 * j) as u32);
         }
         xq[i] = word;
+    }
+}
+
+/// Mamba2's gated group norm straight into E4M3 codes for the FP8 `out_proj` (many rows):
+/// `xq = e4m3(clamp(bf16(w · u · rsqrt(mean_group(u²) + eps)) / is, ±448))` with
+/// `u = x · silu(gate)` — the norm's bf16 output quantized as [`fp8_quantize_bytes_kernel()`]
+/// does, without writing it and reading it back. One cube of `units` per `(row, group)`; unit
+/// `u` owns the group's 4-channel words `u + i · units` (`i < per`), its values held in
+/// registers between the sum and the stores.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_norm_bytes_kernel(
+    x: &[bf16],
+    gate: &[bf16],
+    norm_w: &[bf16],
+    input_scales: &[f32],
+    xq: &mut [u32],
+    rows: u32,
+    h: u32,
+    group: u32,
+    eps: f32,
+    #[comptime] per: usize,
+    #[comptime] units: usize,
+    #[comptime] plane: bool,
+) {
+    let (h, group) = (h as usize, group as usize);
+    let row = (CUBE_POS_X + CUBE_POS_Z * CUBE_COUNT_X) as usize;
+    // Uniform over the cube: the folded grid's last cubes past the rows leave.
+    if row >= rows as usize {
+        terminate!();
+    }
+    let g0 = CUBE_POS_Y as usize * group;
+    let base = row * h + g0;
+    let words = group / 4;
+    let u = UNIT_POS_X as usize;
+    let mut v = Array::<f32>::new(comptime!(per * 4));
+    let mut ss = 0.0f32;
+    #[unroll]
+    for i in 0..per {
+        // Words past the group re-read its last one and add nothing.
+        let wi = (u + i * units).min(words - 1);
+        let live = u + i * units < words;
+        #[unroll]
+        for j in 0..4usize {
+            let z = f32::cast_from(gate[base + 4 * wi + j]);
+            let t = f32::cast_from(x[base + 4 * wi + j]) * (z / (1.0f32 + (-z).exp()));
+            v[i * 4 + j] = t;
+            ss += if live { t * t } else { 0.0f32 };
+        }
+    }
+    let total = block_sum(ss, units, plane);
+    let inv = 1.0f32 / (total / group as f32 + eps).sqrt();
+    let is = input_scales[0];
+    #[unroll]
+    for i in 0..per {
+        let wi = u + i * units;
+        if wi < words {
+            let mut word = 0u32;
+            #[unroll]
+            for j in 0..4usize {
+                let y = v[i * 4 + j] * inv * f32::cast_from(norm_w[g0 + 4 * wi + j]);
+                let q = (f32::cast_from(bf16::cast_from(y)) / is).clamp(-448.0f32, 448.0f32);
+                word |= e4m3_byte(e4m3_round(q)) << ((8 * j) as u32);
+            }
+            xq[base / 4 + wi] = word;
+        }
     }
 }
 
@@ -1301,7 +1368,69 @@ pub(crate) struct GatedNorm<R: CubeRuntime> {
 /// E4M3 bytes once first, then the `mma` kernel, or the tiled kernel or the GEMM where `path`
 /// says so.
 pub(crate) fn fp8<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, path: LinearPath) {
-    fp8_with(c, w, None, path)
+    fp8_with(c, w, None, path, None)
+}
+
+/// Units per cube of [`fp8_norm_bytes_kernel()`].
+const NORM_BYTES_UNITS: usize = 128;
+
+/// [`fp8`] of `rms_norm(x, gate)` for many rows (Mamba2's `out_proj` in a prefill): the norm
+/// writes the E4M3 codes the tensor-core kernel reads ([`fp8_norm_bytes_kernel()`]), one
+/// launch and one pass over the activations fewer than the norm, then the quantizing launch.
+/// `false` where it does not apply: a path that is not a tensor-core one, rows few enough to
+/// be quantized inside the `mma` kernel, groups not of whole 4-channel words, or not bf16.
+pub(crate) fn fp8_gated_rows<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Fp8Weights<CubeBackend<R>>,
+    norm: &GatedNorm<R>,
+) -> bool {
+    let path = c.plan(Format::Fp8, 1).path;
+    let tensor_cores = matches!(
+        path,
+        LinearPath::Tiled { .. } | LinearPath::Mma(_) | LinearPath::Gemm
+    );
+    let words = c.slots * c.k / 4;
+    let inq = c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096;
+    if !tensor_cores
+        || inq
+        || c.split.is_some()
+        || norm.group == 0
+        || norm.group % 4 != 0
+        || c.k % norm.group != 0
+        || c.x.dtype != DType::BF16
+        || norm.gate.dtype != DType::BF16
+        || norm.weight.dtype != DType::BF16
+    {
+        return false;
+    }
+    let client = &c.x.client;
+    let is = f32_buf(w.input_scales.clone());
+    let (gate, nw) = (
+        contiguous_as(norm.gate.clone(), DType::BF16),
+        contiguous_as(norm.weight.clone(), DType::BF16),
+    );
+    let xq = empty(&c.x, [words], DType::U32);
+    let (gx, gz) = super::super::buffers::fold_xy(c.slots);
+    let per = (norm.group / 4).div_ceil(NORM_BYTES_UNITS);
+    fp8_norm_bytes_kernel::launch::<R>(
+        client,
+        CubeCount::Static(gx, (c.k / norm.group) as u32, gz),
+        CubeDim::new_1d(NORM_BYTES_UNITS as u32),
+        arg(&c.x),
+        arg(&gate),
+        arg(&nw),
+        arg(&is),
+        arg(&xq),
+        c.slots as u32,
+        c.k as u32,
+        norm.group as u32,
+        norm.eps,
+        per,
+        NORM_BYTES_UNITS,
+        super::super::reduce::plane_reduce(client, 32),
+    );
+    fp8_with(c, w, None, path, Some(xq));
+    true
 }
 
 /// [`fp8`] of `rms_norm(x, gate)` with the norm computed by every cube in its prologue (one
@@ -1326,7 +1455,7 @@ pub(crate) fn fp8_gated<R: CubeRuntime>(
     {
         return false;
     }
-    fp8_with(c, w, Some(norm), LinearPath::Mma(MmaForm::Rows));
+    fp8_with(c, w, Some(norm), LinearPath::Mma(MmaForm::Rows), None);
     true
 }
 
@@ -1335,6 +1464,7 @@ fn fp8_with<R: CubeRuntime>(
     w: &Fp8Weights<CubeBackend<R>>,
     norm: Option<&GatedNorm<R>>,
     path: LinearPath,
+    codes: Option<CubeTensor<R>>,
 ) {
     let client = &c.x.client;
     let (sa, sb) = c.split_args();
@@ -1344,12 +1474,14 @@ fn fp8_with<R: CubeRuntime>(
     );
     let words = c.slots * c.k / 4;
     // A few rows are quantized by every cube into shared memory (one launch instead of two).
-    let inq =
-        if norm.is_some() || (c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096) {
-            words
-        } else {
-            0
-        };
+    // `codes`: the rows' E4M3 codes, written by the caller.
+    let inq = if codes.is_none()
+        && (norm.is_some() || (c.slots <= INQ_MAX_ROWS.load(Ordering::Relaxed) && words <= 4096))
+    {
+        words
+    } else {
+        0
+    };
     let (gate, nw) = match norm {
         Some(g) => (
             contiguous_as(g.gate.clone(), DType::BF16),
@@ -1358,7 +1490,9 @@ fn fp8_with<R: CubeRuntime>(
         None => (c.x.clone(), c.x.clone()),
     };
     let (gsize, eps) = norm.map_or((128, 0.0), |g| (g.group, g.eps));
-    let xq = if inq > 0 {
+    let xq = if let Some(codes) = codes {
+        codes
+    } else if inq > 0 {
         // Unread stand-in (u32 words).
         w.weight.clone()
     } else {
