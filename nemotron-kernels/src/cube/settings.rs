@@ -114,6 +114,8 @@ impl Settings {
             }
         };
         let mut s = Settings::default();
+        // `fp8direct=on` written out (it is also the default).
+        let mut direct_asked = false;
         let items: Vec<&str> = text.split(',').map(str::trim).collect();
         if items.iter().all(|i| !i.contains('=')) {
             let [rows, slots] = items[..] else {
@@ -165,7 +167,10 @@ impl Settings {
                 "scanssd" => s.scan_ssd_min = num(v)?,
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
-                "fp8direct" => s.tune.fp8_direct = on_off(k, v)?,
+                "fp8direct" => {
+                    s.tune.fp8_direct = on_off(k, v)?;
+                    direct_asked = s.tune.fp8_direct;
+                }
                 "bdec" => s.tune.bf16_decode = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,
                 "attn" => {
@@ -181,8 +186,9 @@ impl Settings {
         }
         s.tune.check().map_err(|e| format!("{text:?}: {e}"))?;
         // `fp8direct` changes `fp8_mma_kernel` and the tiled FP8 kernel: with the GEMM also
-        // asked for, its rows would keep their per-step adds, so the pair is refused.
-        if s.tune.fp8_direct && s.min.fp8_gemm != usize::MAX {
+        // asked for, its rows would keep their per-step adds, so the pair written out is refused
+        // (the default alone is not a request).
+        if direct_asked && s.min.fp8_gemm != usize::MAX {
             return Err(format!(
                 "{text:?}: fp8direct=on applies to the FP8 mma and tiled kernels, not with fp8gemm"
             ));

@@ -556,6 +556,14 @@ fn settings_parse_each_key_into_its_field() {
     assert!(!Settings::parse("bdec=off").unwrap().tune.bf16_decode);
     let e = Settings::parse("fp8direct=on,fp8gemm=512").unwrap_err();
     assert!(e.contains("fp8direct"), "{e}");
+    // The GEMM alone is accepted whatever the default accumulation is.
+    assert_eq!(Settings::parse("fp8gemm=512").unwrap().min.fp8_gemm, 512);
+    assert!(
+        !Settings::parse("fp8direct=off,fp8gemm=512")
+            .unwrap()
+            .tune
+            .fp8_direct
+    );
     let both = Settings::parse("fp8direct=on,fp8tile=512").unwrap();
     assert!(both.tune.fp8_direct && both.min.fp8_tile == 512);
     assert_eq!(
