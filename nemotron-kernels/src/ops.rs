@@ -146,15 +146,96 @@ fn check_rows(op: &str, x: &Tensor<2>, shape: StackShape, experts: Option<&Tenso
     }
 }
 
+/// A quantized weight format's stack as the linears take it: its shape, and the backend op that
+/// runs it. The format difference lives here once; the four linears below share one body.
+trait QuantWeights: Clone {
+    fn shape(&self) -> StackShape;
+    fn launch(
+        x: burn::backend::DispatchTensor,
+        w: Self,
+        rows: Rows<D>,
+        epilogue: Epilogue,
+    ) -> burn::backend::DispatchTensor;
+}
+
+impl QuantWeights for Nvfp4Weights<D> {
+    fn shape(&self) -> StackShape {
+        self.shape
+    }
+    fn launch(
+        x: burn::backend::DispatchTensor,
+        w: Self,
+        rows: Rows<D>,
+        epilogue: Epilogue,
+    ) -> burn::backend::DispatchTensor {
+        <D as NemotronOps>::nvfp4_linear(x, w, rows, epilogue)
+    }
+}
+
+impl QuantWeights for Fp8Weights<D> {
+    fn shape(&self) -> StackShape {
+        self.shape
+    }
+    fn launch(
+        x: burn::backend::DispatchTensor,
+        w: Self,
+        rows: Rows<D>,
+        epilogue: Epilogue,
+    ) -> burn::backend::DispatchTensor {
+        <D as NemotronOps>::fp8_linear(x, w, rows, epilogue)
+    }
+}
+
+/// The one body of the quantized linears: `epi(x · Wᵀ)`, or per routed slot
+/// `epi(W[experts[s]] · x[s / div])`, shapes checked under the op's name.
+fn quant_linear<W: QuantWeights>(
+    op: &str,
+    x: Tensor<2>,
+    w: &W,
+    routed: Option<(Tensor<1, Int>, usize)>,
+    epilogue: Epilogue,
+) -> Tensor<2> {
+    check_rows(op, &x, w.shape(), routed.as_ref().map(|(e, _)| e));
+    let rows = match routed {
+        Some((experts, div)) => Rows::Routed {
+            experts: experts.into_dispatch(),
+            div,
+        },
+        None => Rows::Each,
+    };
+    out(W::launch(x.into_dispatch(), w.clone(), rows, epilogue))
+}
+
 /// `epi(x · Wᵀ)` for an NVFP4 linear (weight-only: activations stay float).
 pub fn nvfp4_linear(x: Tensor<2>, w: &Nvfp4Weights<D>, epilogue: Epilogue) -> Tensor<2> {
-    check_rows("nvfp4_linear", &x, w.shape, None);
-    out(<D as NemotronOps>::nvfp4_linear(
-        x.into_dispatch(),
-        w.clone(),
-        Rows::Each,
-        epilogue,
-    ))
+    quant_linear("nvfp4_linear", x, w, None, epilogue)
+}
+
+/// Routed-expert NVFP4 linear: `y[s] = epi(W[experts[s]] · x[s / div])`.
+pub fn nvfp4_expert_linear(
+    x: Tensor<2>,
+    experts: Tensor<1, Int>,
+    div: usize,
+    w: &Nvfp4Weights<D>,
+    epilogue: Epilogue,
+) -> Tensor<2> {
+    quant_linear("nvfp4_expert_linear", x, w, Some((experts, div)), epilogue)
+}
+
+/// `epi(x · Wᵀ)` for a static W8A8 FP8 linear.
+pub fn fp8_linear(x: Tensor<2>, w: &Fp8Weights<D>, epilogue: Epilogue) -> Tensor<2> {
+    quant_linear("fp8_linear", x, w, None, epilogue)
+}
+
+/// Routed-expert FP8 W8A8 linear (each slot quantizes with its expert's input scale).
+pub fn fp8_expert_linear(
+    x: Tensor<2>,
+    experts: Tensor<1, Int>,
+    div: usize,
+    w: &Fp8Weights<D>,
+    epilogue: Epilogue,
+) -> Tensor<2> {
+    quant_linear("fp8_expert_linear", x, w, Some((experts, div)), epilogue)
 }
 
 /// `x · Wᵀ` for a plain NVFP4 linear, its output columns as three dense tensors of `widths`
@@ -180,38 +261,6 @@ fn check_widths(op: &str, widths: [usize; 3], n: usize) {
         widths.iter().sum::<usize>() == n && widths.iter().all(|&w| w > 0),
         "{op}: widths {widths:?} do not split the {n} outputs into three"
     );
-}
-
-/// Routed-expert NVFP4 linear: `y[s] = epi(W[experts[s]] · x[s / div])`.
-pub fn nvfp4_expert_linear(
-    x: Tensor<2>,
-    experts: Tensor<1, Int>,
-    div: usize,
-    w: &Nvfp4Weights<D>,
-    epilogue: Epilogue,
-) -> Tensor<2> {
-    check_rows("nvfp4_expert_linear", &x, w.shape, Some(&experts));
-    let rows = Rows::Routed {
-        experts: experts.into_dispatch(),
-        div,
-    };
-    out(<D as NemotronOps>::nvfp4_linear(
-        x.into_dispatch(),
-        w.clone(),
-        rows,
-        epilogue,
-    ))
-}
-
-/// `epi(x · Wᵀ)` for a static W8A8 FP8 linear.
-pub fn fp8_linear(x: Tensor<2>, w: &Fp8Weights<D>, epilogue: Epilogue) -> Tensor<2> {
-    check_rows("fp8_linear", &x, w.shape, None);
-    out(<D as NemotronOps>::fp8_linear(
-        x.into_dispatch(),
-        w.clone(),
-        Rows::Each,
-        epilogue,
-    ))
 }
 
 /// `fp8_linear(rms_norm(x, Some(gate), norm_weight, groups, eps), w)` (Mamba2's gated output
@@ -244,27 +293,6 @@ pub fn fp8_gated_linear(
         groups,
         eps,
         w.clone(),
-    ))
-}
-
-/// Routed-expert FP8 W8A8 linear (each slot quantizes with its expert's input scale).
-pub fn fp8_expert_linear(
-    x: Tensor<2>,
-    experts: Tensor<1, Int>,
-    div: usize,
-    w: &Fp8Weights<D>,
-    epilogue: Epilogue,
-) -> Tensor<2> {
-    check_rows("fp8_expert_linear", &x, w.shape, Some(&experts));
-    let rows = Rows::Routed {
-        experts: experts.into_dispatch(),
-        div,
-    };
-    out(<D as NemotronOps>::fp8_linear(
-        x.into_dispatch(),
-        w.clone(),
-        rows,
-        epilogue,
     ))
 }
 

@@ -2,15 +2,15 @@
 //! the query heads of its group, so each K/V chunk is read once per group (then
 //! [`super::merge`]).
 
-use super::split::SPLIT_CHUNK;
+use super::ATTN_CHUNK;
 use cubecl::prelude::*;
 
-/// Units per cube of [`attn_gqa_kernel()`]: two per position of a [`SPLIT_CHUNK`] chunk.
-pub const GQA_UNITS: usize = 2 * SPLIT_CHUNK;
+/// Units per cube of [`attn_gqa_kernel()`]: two per position of a [`ATTN_CHUNK`] chunk.
+pub const GQA_UNITS: usize = 2 * ATTN_CHUNK;
 /// Shared memory (bytes) [`attn_gqa_kernel()`] may take; larger groups run [`attn_split_kernel()`](super::split::attn_split_kernel).
 pub const GQA_SHARED: usize = 40 * 1024;
 
-/// Max (`max`) or sum over each of the `r` segments of [`SPLIT_CHUNK`] values of `a`, left in
+/// Max (`max`) or sum over each of the `r` segments of [`ATTN_CHUNK`] values of `a`, left in
 /// the segment's first entry: a shared-memory tree over every unit of the cube (no plane ops, so
 /// lavapipe runs it too). Every unit must call it.
 #[cube]
@@ -20,10 +20,10 @@ fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool
     let mut stride = CUBE_DIM_X as usize / 4;
     while stride > 0 {
         #[unroll]
-        for i in 0..comptime!((r * SPLIT_CHUNK / 2).div_ceil(GQA_UNITS)) {
+        for i in 0..comptime!((r * ATTN_CHUNK / 2).div_ceil(GQA_UNITS)) {
             let e = u + i * GQA_UNITS;
             if e < r * stride {
-                let at = (e / stride) * SPLIT_CHUNK + e % stride;
+                let at = (e / stride) * ATTN_CHUNK + e % stride;
                 let (x, y) = (a[at], a[at + stride]);
                 a[at] = if max { x.max(y) } else { x + y };
             }
@@ -33,7 +33,7 @@ fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool
     }
 }
 
-/// One chunk of [`SPLIT_CHUNK`] positions of one `(row, kv head)` for all `r` query heads of its
+/// One chunk of [`ATTN_CHUNK`] positions of one `(row, kv head)` for all `r` query heads of its
 /// group, in one launch (then [`attn_merge_kernel()`](super::merge::attn_merge_kernel)): the chunk's K and V are read once for the
 /// `r` heads instead of once per head, as GQA allows. A cube per `(kv head, row, chunk)`,
 /// [`GQA_UNITS`] units: scores with unit `u` on position `u % CHUNK` and half `u / CHUNK` of `d`
@@ -87,14 +87,14 @@ pub fn attn_gqa_kernel<F: Float>(
     let s = slot as usize;
     let len = lens[s] as usize;
     let n = len + 1;
-    let t0 = c * SPLIT_CHUNK;
+    let t0 = c * ATTN_CHUNK;
     if t0 >= n {
         terminate!();
     }
     let kvb = (s * kvh + g) * cap;
     let newb = b * kv_row as usize + g * hd;
     let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
-    if len < t0 + SPLIT_CHUNK && u < hd {
+    if len < t0 + ATTN_CHUNK && u < hd {
         kpool[(kvb + len) * hd + u] = k[kb0 + u];
         vpool[(kvb + len) * hd + u] = v[vb0 + u];
     }
@@ -109,8 +109,8 @@ pub fn attn_gqa_kernel<F: Float>(
         }
     }
     let half = hd / 2;
-    let p = u % SPLIT_CHUNK;
-    let d0 = (u / SPLIT_CHUNK) * half;
+    let p = u % ATTN_CHUNK;
+    let d0 = (u / ATTN_CHUNK) * half;
     let t = (t0 + p).min(n - 1);
     let mut kv = Array::<f32>::new(half);
     if t == len {
@@ -137,18 +137,18 @@ pub fn attn_gqa_kernel<F: Float>(
         sm[j * GQA_UNITS + u] = dot;
     }
     sync_cube();
-    let valid = (n - t0).min(SPLIT_CHUNK);
+    let valid = (n - t0).min(ATTN_CHUNK);
     // Scores `[r, CHUNK]` (positions past the length take the chunk's first score: they change
     // no maximum and are zeroed below).
-    let mut ps = Shared::<[f32]>::new_slice(r * SPLIT_CHUNK);
-    let mut red = Shared::<[f32]>::new_slice(r * SPLIT_CHUNK);
+    let mut ps = Shared::<[f32]>::new_slice(r * ATTN_CHUNK);
+    let mut red = Shared::<[f32]>::new_slice(r * ATTN_CHUNK);
     #[unroll]
-    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+    for i in 0..comptime!((r * ATTN_CHUNK).div_ceil(GQA_UNITS)) {
         let e = u + i * GQA_UNITS;
-        if e < r * SPLIT_CHUNK {
-            let (j, pp) = (e / SPLIT_CHUNK, e % SPLIT_CHUNK);
+        if e < r * ATTN_CHUNK {
+            let (j, pp) = (e / ATTN_CHUNK, e % ATTN_CHUNK);
             let pv = if pp < valid { pp } else { 0usize };
-            let sc = (sm[j * GQA_UNITS + pv] + sm[j * GQA_UNITS + pv + SPLIT_CHUNK]) * scale;
+            let sc = (sm[j * GQA_UNITS + pv] + sm[j * GQA_UNITS + pv + ATTN_CHUNK]) * scale;
             ps[e] = sc;
             red[e] = sc;
         }
@@ -156,12 +156,12 @@ pub fn attn_gqa_kernel<F: Float>(
     sync_cube();
     seg_reduce(&mut red, r, true);
     #[unroll]
-    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+    for i in 0..comptime!((r * ATTN_CHUNK).div_ceil(GQA_UNITS)) {
         let e = u + i * GQA_UNITS;
-        if e < r * SPLIT_CHUNK {
-            let (j, pp) = (e / SPLIT_CHUNK, e % SPLIT_CHUNK);
+        if e < r * ATTN_CHUNK {
+            let (j, pp) = (e / ATTN_CHUNK, e % ATTN_CHUNK);
             let w = if pp < valid {
-                (ps[e] - red[j * SPLIT_CHUNK]).exp()
+                (ps[e] - red[j * ATTN_CHUNK]).exp()
             } else {
                 0.0f32
             };
@@ -172,13 +172,13 @@ pub fn attn_gqa_kernel<F: Float>(
     sync_cube();
     let mut mj = 0.0f32;
     if u < r {
-        mj = red[u * SPLIT_CHUNK];
+        mj = red[u * ATTN_CHUNK];
     }
     sync_cube();
     #[unroll]
-    for i in 0..comptime!((r * SPLIT_CHUNK).div_ceil(GQA_UNITS)) {
+    for i in 0..comptime!((r * ATTN_CHUNK).div_ceil(GQA_UNITS)) {
         let e = u + i * GQA_UNITS;
-        if e < r * SPLIT_CHUNK {
+        if e < r * ATTN_CHUNK {
             red[e] = ps[e];
         }
     }
@@ -188,7 +188,7 @@ pub fn attn_gqa_kernel<F: Float>(
     let parts = GQA_UNITS / hd;
     let dd = u % hd;
     let j0 = u / hd;
-    let per = SPLIT_CHUNK / parts;
+    let per = ATTN_CHUNK / parts;
     let mut vals = Array::<f32>::new(per);
     #[unroll]
     for i in 0..per {
@@ -204,7 +204,7 @@ pub fn attn_gqa_kernel<F: Float>(
         let mut acc = 0.0f32;
         #[unroll]
         for i in 0..per {
-            acc += ps[j * SPLIT_CHUNK + j0 + i * parts] * vals[i];
+            acc += ps[j * ATTN_CHUNK + j0 + i * parts] * vals[i];
         }
         sm[j * GQA_UNITS + u] = acc;
     }
@@ -224,6 +224,6 @@ pub fn attn_gqa_kernel<F: Float>(
     if u < r {
         let pb = (hb + u * chunks) * (hd + 2);
         part[pb] = mj;
-        part[pb + 1] = red[u * SPLIT_CHUNK];
+        part[pb + 1] = red[u * ATTN_CHUNK];
     }
 }
