@@ -27,6 +27,7 @@ pub mod request;
 pub mod runner;
 pub mod sampling;
 pub mod scheduler;
+pub mod scoring;
 pub mod slots;
 mod util;
 
@@ -40,3 +41,4 @@ pub use model::NemotronH;
 pub use nemotron_kernels;
 pub use nemotron_loader;
 pub use sampling::{Sampling, TokenLogprobs};
+pub use scoring::prompt_logprobs;

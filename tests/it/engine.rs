@@ -290,3 +290,49 @@ fn host_engine_logprobs_are_the_teacher_forced_log_softmax() {
         .to_string();
     assert!(err.contains("logprobs") && err.contains("21"), "{err}");
 }
+
+/// Prompt scoring (`prompt_logprobs`, what `echo` with `max_tokens: 0` answers) against each
+/// prefix run alone: token `i + 1`'s value is a log-softmax (written out here in f64) of the
+/// last logits row of a fresh forward over tokens `0..=i` — another path than the one-shot
+/// forward the function takes — its top entries the `n` most likely in order. 70 tokens: past
+/// the 64 logits rows brought to the host at a time. One token gives no entries; an empty
+/// prompt and more than 20 are refused by name.
+#[test]
+fn host_prompt_logprobs_are_each_prefix_log_softmax() {
+    use nemotron::model::prompt_logprobs;
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 29);
+    let m = load_host(dir.path());
+    let v = m.config().vocab_size;
+    let (p, n) = (ids(70, v, 4), 4usize);
+    let got = prompt_logprobs(&m, &p, n).unwrap();
+    assert_eq!(got.len(), p.len() - 1);
+    for (i, lp) in got.iter().enumerate() {
+        let tok = p[i + 1];
+        assert_eq!(lp.token, tok, "entry {i}");
+        let mut st = m.new_state();
+        let row: Vec<f32> = m
+            .forward_last(&[&p[..=i]], &mut [&mut st])
+            .unwrap()
+            .into_data()
+            .convert::<f32>()
+            .into_vec()
+            .unwrap();
+        let z: f64 = row.iter().map(|&x| (x as f64).exp()).sum();
+        let want = |t: u32| ((row[t as usize] as f64).exp() / z).ln();
+        assert!(
+            (lp.logprob as f64 - want(tok)).abs() < 1e-4,
+            "entry {i}: {} against {}",
+            lp.logprob,
+            want(tok)
+        );
+        let mut order: Vec<u32> = (0..v as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        let top: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(top, order[..n], "entry {i}: top ids");
+    }
+    assert!(prompt_logprobs(&m, &p[..1], n).unwrap().is_empty());
+    let e = prompt_logprobs(&m, &[], n).unwrap_err().to_string();
+    assert!(e.contains("empty"), "{e}");
+    let e = prompt_logprobs(&m, &p, 21).unwrap_err().to_string();
+    assert!(e.contains("logprobs") && e.contains("20"), "{e}");
+}
