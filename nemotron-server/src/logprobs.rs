@@ -1,5 +1,6 @@
 //! Log-probabilities in the two shapes OpenAI answers with: chat's `logprobs.content` entries and
 //! the legacy completions object (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+//! An echoed prompt's tokens come first in the legacy object, the first without values.
 //! A token's text is its id decoded alone (a piece of a multi-byte character decodes to U+FFFD).
 
 use nemotron::model::TokenLogprobs;
@@ -27,19 +28,49 @@ pub fn chat_entry(tok: &Tokenizer, lp: &TokenLogprobs) -> Value {
 /// text in the choice's text): `top_logprobs` maps each likely token's text to its
 /// log-probability (tokens decoding to the same text keep the more likely one, as a dict does).
 pub fn completion_object(tok: &Tokenizer, tokens: &[(TokenLogprobs, usize)]) -> Value {
+    let entries: Vec<Entry> = tokens
+        .iter()
+        .map(|(lp, offset)| Entry {
+            token: lp.token,
+            lp: Some(lp),
+            offset: *offset,
+        })
+        .collect();
+    completion_entries(tok, &entries)
+}
+
+/// One token of a legacy `logprobs` object: its id, its log-probabilities where it has them (an
+/// echoed prompt's first token has none: `null` in `token_logprobs` and `top_logprobs`), and the
+/// character offset of its text.
+pub struct Entry<'a> {
+    pub token: u32,
+    pub lp: Option<&'a TokenLogprobs>,
+    pub offset: usize,
+}
+
+/// [`completion_object`] of entries some of which may have no values.
+pub fn completion_entries(tok: &Tokenizer, entries: &[Entry]) -> Value {
     let mut texts = vec![];
     let mut values = vec![];
     let mut tops = vec![];
     let mut offsets = vec![];
-    for (lp, offset) in tokens {
-        texts.push(Value::String(text(tok, lp.token)));
-        values.push(json!(lp.logprob));
-        let mut top = Map::new();
-        for &(i, l) in &lp.top {
-            top.entry(text(tok, i)).or_insert(json!(l));
+    for e in entries {
+        texts.push(Value::String(text(tok, e.token)));
+        match e.lp {
+            Some(lp) => {
+                values.push(json!(lp.logprob));
+                let mut top = Map::new();
+                for &(i, l) in &lp.top {
+                    top.entry(text(tok, i)).or_insert(json!(l));
+                }
+                tops.push(Value::Object(top));
+            }
+            None => {
+                values.push(Value::Null);
+                tops.push(Value::Null);
+            }
         }
-        tops.push(Value::Object(top));
-        offsets.push(json!(offset));
+        offsets.push(json!(e.offset));
     }
     json!({"tokens": texts, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
 }

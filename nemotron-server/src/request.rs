@@ -49,6 +49,10 @@ pub struct Plan {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Completions' `echo`: each choice's text starts with its prompt's (and with `logprobs`,
+    /// its log-probabilities start with the prompt tokens'). With `max_tokens: 0` nothing is
+    /// generated (`opts.max_new_tokens == 0`).
+    pub echo: bool,
 }
 
 /// A field as the client sent it: absent (or `null`), of its type, or of another type — kept,
@@ -635,9 +639,20 @@ impl CompletionRequest {
         }
     }
 
+    /// `echo` (a boolean).
+    fn echo(&self) -> Result<bool, ApiError> {
+        match &self.echo {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(ApiError::invalid(
+                "echo",
+                format!("echo must be true or false (got {v})"),
+            )),
+        }
+    }
+
     /// The completion-only fields this server does not implement.
     fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        unsupported_unless(&self.echo, "echo", |v| v == &Value::Bool(false))?;
         unsupported_unless(&self.suffix, "suffix", |v| v.as_str() == Some(""))
     }
 
@@ -696,7 +711,7 @@ pub fn parse(
     let shape = |e: serde_json::Error| ApiError::bad_request(format!("the body: {e}"));
     // The order of the checks: the model and every unsupported field, the shared fields, the
     // prompt (so a request with several faults is refused for the same one on both endpoints).
-    let (checked, prompts) = match kind {
+    let (checked, prompts, echo, score_only) = match kind {
         Kind::Chat => {
             let mut r = ChatRequest::deserialize(&v).map_err(shape)?;
             r.common.refuse_unsupported(st)?;
@@ -711,18 +726,31 @@ pub fn parse(
             ];
             let mut checked = common.check(st, max_fields)?;
             checked.opts.logprobs = logprobs;
-            (checked, vec![r.prompt(st)?])
+            (checked, vec![r.prompt(st)?], false, false)
         }
         Kind::Completion => {
             let mut r = CompletionRequest::deserialize(&v).map_err(shape)?;
             r.common.refuse_unsupported(st)?;
             r.refuse_unsupported()?;
             let logprobs = r.logprobs()?;
-            let common = std::mem::take(&mut r.common);
+            let echo = r.echo()?;
+            let mut common = std::mem::take(&mut r.common);
+            // `max_tokens: 0` with `echo` scores the prompt without generating (elsewhere a
+            // budget is at least 1).
+            let score_only = echo && matches!(common.max_tokens, Field::Given(0));
+            if score_only {
+                common.max_tokens = Field::Absent;
+            }
             let max_fields = vec![("max_tokens", common.max_tokens.clone())];
             let mut checked = common.check(st, max_fields)?;
             checked.opts.logprobs = logprobs;
-            (checked, r.prompts(st)?)
+            if echo && checked.stream {
+                return Err(ApiError::invalid(
+                    "echo",
+                    "echo is not supported with stream by this server",
+                ));
+            }
+            (checked, r.prompts(st)?, echo, score_only)
         }
     };
     let Checked {
@@ -792,7 +820,11 @@ pub fn parse(
             _ => budget = budget.min(c - p.len()),
         }
     }
-    opts.max_new_tokens = max_tokens.unwrap_or(budget);
+    opts.max_new_tokens = if score_only {
+        0
+    } else {
+        max_tokens.unwrap_or(budget)
+    };
     Ok(Plan {
         kind,
         prompts,
@@ -802,6 +834,7 @@ pub fn parse(
         stops,
         stream,
         include_usage,
+        echo,
     })
 }
 

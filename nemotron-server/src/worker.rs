@@ -35,6 +35,13 @@ pub enum Cmd {
         tx: UnboundedSender<Out>,
     },
     Cancel(u64),
+    /// Scores a prompt (`echo` with `logprobs`): each token's log-probability given the ones
+    /// before it ([`nemotron::model::prompt_logprobs`]), computed between engine steps.
+    Score {
+        prompt: Vec<u32>,
+        n: usize,
+        tx: tokio::sync::oneshot::Sender<Result<Vec<TokenLogprobs>, String>>,
+    },
     Shutdown,
 }
 
@@ -101,6 +108,16 @@ pub fn run<'m>(
                         engine.cancel(id);
                         finish(&mut live, &mut ids, id);
                     }
+                }
+                Cmd::Score { prompt, n, tx } => {
+                    let scored = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        nemotron::model::prompt_logprobs(&tm.model, &prompt, n)
+                    }));
+                    let _ = tx.send(match scored {
+                        Ok(Ok(v)) => Ok(v),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err("scoring the prompt panicked".into()),
+                    });
                 }
                 Cmd::Shutdown => break 'outer,
             }

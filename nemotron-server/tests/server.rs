@@ -486,9 +486,9 @@ fn bad_requests_are_refused_with_openai_errors() {
             "integer",
         ),
         (
-            json!({"prompt": "hi", "echo": true}),
+            json!({"prompt": "hi", "echo": true, "stream": true}),
             "echo",
-            "not supported",
+            "not supported with stream",
         ),
         (
             json!({"prompt": "hi", "presence_penalty": 0.5}),
@@ -679,5 +679,106 @@ fn a_full_queue_answers_429() {
         assert_eq!(code, 429, "{r}");
         assert!(Instant::now() < deadline, "the slots never freed");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `echo` on completions (what lm-evaluation-harness scores with): with `max_tokens: 0` the
+/// choice's text is the prompt's and its `logprobs` list the prompt's tokens, the first with
+/// `null` values and the others equal to the library's `prompt_logprobs`, offsets rising from 0
+/// inside the text; nothing is generated. With `max_tokens: 3` the text and lists are the
+/// prompt's then the same request's without `echo`. `echo` with `stream`, a non-boolean `echo`
+/// and `max_tokens: 0` without `echo` are refused naming the field.
+#[test]
+fn completion_echo_scores_the_prompt_as_the_library() {
+    let s = start(4, 8, 256);
+    let tm = reference();
+    let prompt = "The sky is blue and";
+    let ids = tm.tokenizer.encode(prompt, true).unwrap();
+    let want = nemotron::model::prompt_logprobs(&tm.model, &ids, 2).unwrap();
+    let body = json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 2});
+    let (code, r) = post(&s, "/v1/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let ch = &r["choices"][0];
+    let text = ch["text"].as_str().unwrap();
+    assert_eq!(text, tm.tokenizer.decode(&ids).unwrap());
+    assert_eq!(r["usage"]["completion_tokens"], 0, "{r}");
+    let lp = &ch["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len(), "{lp}");
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    let mut offset = 0;
+    for (i, w) in want.iter().enumerate() {
+        let got = lp["token_logprobs"][i + 1].as_f64().unwrap();
+        assert!(
+            (got - w.logprob as f64).abs() < 1e-4,
+            "token {}: {got} against {}",
+            i + 1,
+            w.logprob
+        );
+        let top = lp["top_logprobs"][i + 1].as_object().unwrap();
+        let first = &top[&tm.tokenizer.decode(&[w.top[0].0]).unwrap()];
+        assert!((first.as_f64().unwrap() - w.top[0].1 as f64).abs() < 1e-4);
+        let off = lp["text_offset"][i + 1].as_u64().unwrap() as usize;
+        assert!(
+            off >= offset && off <= text.chars().count(),
+            "token {}: {off}",
+            i + 1
+        );
+        offset = off;
+    }
+    assert_eq!(lp["text_offset"][0], 0);
+
+    // Echo then generate: the prompt's text and entries, then the plain answer's.
+    let gen = json!({"prompt": prompt, "max_tokens": 3, "temperature": 0, "ignore_eos": true, "logprobs": 2});
+    let (_, plain) = post(&s, "/v1/completions", &gen);
+    let mut eb = gen.clone();
+    eb["echo"] = json!(true);
+    let (code, both) = post(&s, "/v1/completions", &eb);
+    assert_eq!(code, 200, "{both}");
+    let ptext = plain["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        both["choices"][0]["text"].as_str().unwrap(),
+        format!("{text}{ptext}")
+    );
+    let (bl, pl) = (
+        &both["choices"][0]["logprobs"],
+        &plain["choices"][0]["logprobs"],
+    );
+    for key in ["tokens", "token_logprobs", "top_logprobs"] {
+        let b = bl[key].as_array().unwrap();
+        assert_eq!(b.len(), ids.len() + 3, "{key}");
+        assert_eq!(
+            b[..ids.len()],
+            lp[key].as_array().unwrap()[..],
+            "{key}: the prompt's"
+        );
+        assert_eq!(
+            b[ids.len()..],
+            pl[key].as_array().unwrap()[..],
+            "{key}: the answer's"
+        );
+    }
+    let shift = text.chars().count() as u64;
+    for j in 0..3 {
+        let o = pl["text_offset"][j].as_u64().unwrap();
+        assert_eq!(
+            bl["text_offset"][ids.len() + j].as_u64().unwrap(),
+            o + shift
+        );
+    }
+
+    for (bad, field) in [
+        (
+            json!({"prompt": prompt, "max_tokens": 2, "echo": true, "stream": true}),
+            "echo",
+        ),
+        (
+            json!({"prompt": prompt, "max_tokens": 2, "echo": "yes"}),
+            "echo",
+        ),
+        (json!({"prompt": prompt, "max_tokens": 0}), "max_tokens"),
+    ] {
+        let (code, r) = post(&s, "/v1/completions", &bad);
+        assert_eq!(code, 400, "{bad}: {r}");
+        assert_eq!(r["error"]["param"], field, "{bad}: {r}");
     }
 }

@@ -1396,8 +1396,8 @@ pub(crate) fn fp8_gated_rows<R: CubeRuntime>(
         || inq
         || c.split.is_some()
         || norm.group == 0
-        || norm.group % 4 != 0
-        || c.k % norm.group != 0
+        || !norm.group.is_multiple_of(4)
+        || !c.k.is_multiple_of(norm.group)
         || c.x.dtype != DType::BF16
         || norm.gate.dtype != DType::BF16
         || norm.weight.dtype != DType::BF16
