@@ -17,12 +17,11 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+import local_serve
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,12 +59,6 @@ metric_list:
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", help="a running server's base URL (…/v1)")
@@ -76,21 +69,10 @@ def main():
 
     proc, url, tok = None, a.url, a.tokenizer
     if url is None:
-        port = free_port()
-        proc = subprocess.Popen([a.serve, "--port", str(port)], stderr=subprocess.PIPE, text=True)
-        first = proc.stderr.readline()
+        proc, url, first = local_serve.start(a.serve)
         m = re.search(r" in (\S+)$", first.strip())
         if tok is None and m:
             tok = m.group(1)
-        url = f"http://127.0.0.1:{port}/v1"
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                if proc.poll() is not None:
-                    sys.exit(f"serve exited: {first}{proc.stderr.read()}")
-                time.sleep(0.1)
     if tok is None:
         sys.exit("--tokenizer DIR: the served model's tokenizer is needed")
     try:
@@ -123,10 +105,7 @@ def main():
                 print(f"{task}: {metric} = {got[metric]} over {samples} samples")
             print("lm_eval: both tasks completed")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
-
+        local_serve.stop(proc)
 
 if __name__ == "__main__":
     main()

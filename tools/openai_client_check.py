@@ -15,20 +15,12 @@ BadRequestError (400) with our message. Exits non-zero on the first failure. CI 
 """
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 
 import openai
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+import local_serve
 
 
 def raw(url, path, body):
@@ -101,20 +93,9 @@ def main():
     ap.add_argument("--serve", default="target/release/examples/serve")
     a = ap.parse_args()
 
-    proc = None
-    url = a.url
+    proc, url = None, a.url
     if url is None:
-        port = free_port()
-        proc = subprocess.Popen([a.serve, "--port", str(port)], stderr=subprocess.PIPE, text=True)
-        url = f"http://127.0.0.1:{port}/v1"
-        for _ in range(600):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except Exception:
-                if proc.poll() is not None:
-                    sys.exit(f"serve exited: {proc.stderr.read()}")
-                time.sleep(0.1)
+        proc, url, _ = local_serve.start(a.serve)
     try:
         c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
         ids = [m.id for m in c.models.list().data]
@@ -158,10 +139,7 @@ def main():
             assert "no-such-model" in str(e), e
         print(f"openai {openai.__version__}: all checks passed")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
-
+        local_serve.stop(proc)
 
 if __name__ == "__main__":
     main()
