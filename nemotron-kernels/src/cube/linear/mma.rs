@@ -1094,9 +1094,10 @@ pub const PIPE: bool = false;
 /// 40 % of `fp8_mma_kernel`'s instructions at 1,024 rows (ncu source counters, H100, PERF §26),
 /// against 10 % `HMMA`. Accumulating in the `HMMA` is the f32 accumulation the bf16 kernels
 /// already use. On by default since the whole-model CUDA parity passed with it (16/16,
-/// `NEMOTRON_TEST_KERNELS=fp8direct=on`) and it measured +1.8 / +1.2 / +1.2 % prefill at 8 /
-/// 16 / 64 × 128 on an H100 (PERF §28; §26 had +0.5 / +0.3 / +1.0 %: small, as the kernel
-/// waits on latency, 7.7 cycles per issued instruction, more than it issues).
+/// `NEMOTRON_TEST_KERNELS=fp8direct=on`) and it measured +0.6 to +1.8 % prefill at 8 / 16 /
+/// 64 × 128 on an H100 (PERF §28, against two runs of the default; §26 had +0.3 to +1.0 %:
+/// small, as the kernel waits on latency, 7.7 cycles per issued instruction, more than it
+/// issues).
 pub const FP8_DIRECT: bool = true;
 
 /// The default of [`MmaTuning::bf16_decode`]: on. On an H100 it measured +3.5 / +4.8 / +3.9 %
