@@ -5,7 +5,7 @@
 //! `cargo test`:
 //!
 //! `cargo bench --bench kernels --features cuda -- --backend cuda --dtype bf16 [--repeats 5]
-//!  [--mma-min SETTING]`
+//!  [--mma-min SETTING] [--only NAME,NAME]`
 //!
 //! (`--backend wgpu` with `--features wgpu`; the host backends run it too, slowly.) `--mma-min`
 //! takes `bench`'s syntax ([`nemotron::kernels::cube::settings::Settings::parse`]) and sets what
@@ -14,6 +14,7 @@
 
 use burn::tensor::{DType as BDType, Device, Int, Tensor, TensorData};
 use clap::Parser;
+use nemotron::kernels::cube::plans::matmul::TiledKernel;
 use nemotron::kernels::cube::settings::Settings;
 use nemotron::kernels::rng::Lcg;
 use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
@@ -32,6 +33,10 @@ struct Args {
     /// One kernel setting (`bench --mma-min`'s syntax) instead of the library's defaults.
     #[arg(long)]
     mma_min: Option<String>,
+    /// Only the rows whose names contain one of these comma-separated strings (all rows when
+    /// not given).
+    #[arg(long)]
+    only: Option<String>,
     /// What `cargo bench` passes to every bench target; accepted and ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -355,6 +360,81 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             });
         }
     }
+    // Prefill GEMMs at 8,192 rows (64 × 128): ours (the default path) beside the decoded path
+    // on each of cubek's tiled kernels (`fp8mm`, `nvfp4mm`, `densemm` from one row, `mmk=`),
+    // and Burn's own matmul over the dense shape.
+    let m = 8192;
+    let with = |s: Settings, f: &mut dyn FnMut()| {
+        let saved = Settings::current();
+        s.apply().expect("a tiled setting applies");
+        f();
+        saved.apply().expect("the settings in force apply again");
+    };
+    let decoded = |k: TiledKernel| {
+        let mut s = Settings::current();
+        (s.min.fp8_mm, s.min.nvfp4_mm, s.min.dense_mm, s.tiled) = (1, 1, 1, k);
+        s
+    };
+    let mut paths = vec![("ours, default path".to_string(), Settings::current())];
+    for (name, k) in TiledKernel::ALL {
+        if k != TiledKernel::Unit {
+            paths.push((format!("decoded, mmk={name}"), decoded(k)));
+        }
+    }
+    for (kind, k, nout) in [
+        ("FP8 W8A8", 2688, 10304),
+        ("FP8 W8A8", 4096, 2688),
+        ("NVFP4", 2688, 3712),
+        ("NVFP4", 3712, 2688),
+        ("dense", 2688, 4096),
+    ] {
+        let x = act(&mut rng, vec![m, k]);
+        let flops = 2.0 * (m * k * nout) as f64;
+        let io = esize * (m * k + m * nout) as f64;
+        let (bytes, op): (f64, std::rc::Rc<dyn Fn(Tensor<2>)>) = match kind {
+            "FP8 W8A8" => {
+                let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+                (
+                    (nout * k) as f64 + io,
+                    std::rc::Rc::new(move |x| drop(ops::fp8_linear(x, &w, Epilogue::None))),
+                )
+            }
+            "NVFP4" => {
+                let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+                (
+                    (nout * k / 2 + nout * k / 16) as f64 + io,
+                    std::rc::Rc::new(move |x| drop(ops::nvfp4_linear(x, &w, Epilogue::None))),
+                )
+            }
+            _ => {
+                let w = Tensor::<1>::from_data(
+                    TensorData::new(rng.vec(k * nout, 0.05), [k * nout]),
+                    (dev, dtype),
+                )
+                .reshape([nout, k]);
+                let burn = (w.clone(), x.clone());
+                rows.push(Row {
+                    name: format!("dense {m}×{k}→{nout} Burn's matmul"),
+                    bytes: esize * (nout * k) as f64 + io,
+                    flops,
+                    op: Box::new(move || drop(burn.1.clone().matmul(burn.0.clone().transpose()))),
+                });
+                (
+                    esize * (nout * k) as f64 + io,
+                    std::rc::Rc::new(move |x| drop(ops::dense_linear(x, w.clone()))),
+                )
+            }
+        };
+        for (path, s) in &paths {
+            let (x, op, s) = (x.clone(), op.clone(), s.clone());
+            rows.push(Row {
+                name: format!("{kind} {m}×{k}→{nout} {path}"),
+                bytes,
+                flops,
+                op: Box::new(move || with(s.clone(), &mut || op(x.clone()))),
+            });
+        }
+    }
     // Attention q and k/v projections (bf16) and the router (f32 weight over bf16 activations),
     // as the engine calls them: `dense_linear` against `w [N, K]`.
     for (k, nout, f32_weights) in [(2688, 4096, false), (2688, 256, false), (2688, 128, true)] {
@@ -575,7 +655,11 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         "{:<44} {:>10} {:>10} {:>11} {:>9} {:>8} {:>10}",
         "op", "eager µs", "replay µs", "bytes", "GB/s", "% copy", "GFLOP/s"
     );
-    for mut r in rows {
+    let wanted = |name: &str| match &a.only {
+        Some(o) => o.split(',').any(|p| name.contains(p)),
+        None => true,
+    };
+    for mut r in rows.into_iter().filter(|r| wanted(&r.name)) {
         let (e, g) = device_time(dev, &mut r.op, n, reps);
         let t = g.min(e);
         println!(

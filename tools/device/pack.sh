@@ -2,6 +2,7 @@
 # Packs the release test and example binaries for the GPU machine into .device/release/
 # (git-ignored): stripped, xz-compressed, with stable names (deps/ops, examples/bench, ...).
 # Build first: cargo build --release --all-features --examples --tests
+# (and --benches for the kernel table, deps/kernels, packed where built).
 # SKIP="memory loadtest parity" leaves those binaries out (a call carries at most 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,13 +18,15 @@ roots() {
     head -n 1 "$1.d" | sed -nE 's#^[^:]*: (/[^ ]*)/examples/[^ /]*\.rs.*#\1#p'; } 2>/dev/null |
     sed -E 's#/nemotron-[a-z]+$##'
 }
-for t in ops it memory; do
+for t in ops it memory kernels; do
   skip "$t" && continue
   # The root crate's `it` (the loader has its own `it`): the one whose sources are tests/it/.
   f=$(ls -t target/release/deps/${t}-* 2>/dev/null | grep -v '\.d$' |
     while read -r c; do
       if [ "$t" != it ] || grep -q ' tests/it/main.rs' "$c.d" 2>/dev/null; then echo "$c"; fi
     done | head -n 1 || true)
+  # The kernel table is a bench target (built with --benches): packed where built.
+  if [ -z "$f" ] && [ "$t" = kernels ]; then continue; fi
   [ -n "$f" ] || { echo "no test binary for $t" >&2; exit 1; }
   strip -o "$out/deps/$t" "$f"
   roots "$f" >>.device/roots.all

@@ -131,6 +131,9 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
         _ => DType::F32,
     };
     let w = contiguous_as(w, wd);
+    if let Some(y) = dense_tiled(&x, &w) {
+        return y;
+    }
     if let Some(y) = super::linear::mma::dense(&x, &w) {
         return y;
     }
@@ -173,6 +176,33 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     }
     with_float!(x.dtype, pick);
     y
+}
+
+/// `x · wᵀ` on cubek's tiled matmul ([`tiled`], `w` read transposed in place) for bf16/f16
+/// rows from [`super::linear::plan::MmaMin::dense_mm`]; `None` where that does not apply or the
+/// kernel refuses the shape.
+fn dense_tiled<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<CubeTensor<R>> {
+    type B<R> = CubeBackend<R>;
+    let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
+    let n = w.meta.shape()[0];
+    if !matches!(w.dtype, DType::BF16 | DType::F16)
+        || m < super::linear::mma::mma().dense_mm
+        || m < TILED_MIN
+    {
+        return None;
+    }
+    let dtype = w.dtype;
+    let x = contiguous_as(x.clone(), dtype);
+    let x = <B<R> as FloatTensorOps<B<R>>>::float_reshape(x, [1, m, k].into());
+    let w = <B<R> as FloatTensorOps<B<R>>>::float_reshape(w.clone(), [1, n, k].into());
+    let wt = <B<R> as FloatTensorOps<B<R>>>::float_swap_dims(w, 1, 2);
+    let y = tiled(x, wt, dtype, tiled_kernel())
+        .map_err(|e| tiled_refused("dense", &e))
+        .ok()?;
+    Some(<B<R> as FloatTensorOps<B<R>>>::float_reshape(
+        y,
+        [m, n].into(),
+    ))
 }
 
 /// One dense GEMV launch's sizes.
@@ -627,4 +657,166 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
     }
     with_float!(dtype, go);
     contiguous_as(c, out_dtype)
+}
+
+/// Which of cubek's tiled matmul kernels [`tiled`] runs (`mmk=` in the kernel settings): its
+/// simple cyclic kernel on `cmma` (what cubek's `Auto` runs first) or `mma`, one of its
+/// pipelined forms on `mma`, with the arguments Burn's autotune list gives them, or its unit
+/// kernel (no tensor cores: every device, lavapipe included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TiledKernel {
+    SimpleCmma,
+    Unit,
+    Simple,
+    Ordered,
+    Double,
+    DoubleSpecialized,
+    Specialized,
+    Tma,
+    SpecializedTma,
+}
+
+impl TiledKernel {
+    /// Every kernel with its settings name.
+    pub const ALL: [(&'static str, TiledKernel); 9] = [
+        ("simplecmma", TiledKernel::SimpleCmma),
+        ("unit", TiledKernel::Unit),
+        ("simple", TiledKernel::Simple),
+        ("ordered", TiledKernel::Ordered),
+        ("double", TiledKernel::Double),
+        ("doublespec", TiledKernel::DoubleSpecialized),
+        ("spec", TiledKernel::Specialized),
+        ("tma", TiledKernel::Tma),
+        ("spectma", TiledKernel::SpecializedTma),
+    ];
+
+    /// The kernel called `name` in [`Self::ALL`].
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, k)| k)
+    }
+
+    /// The settings name of this kernel.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map_or("?", |(n, _)| n)
+    }
+
+    fn strategy(self) -> cubek::matmul::strategy::Strategy {
+        use cubek::matmul::components::tile::TileMatmulKind::{Cmma, Mma};
+        use cubek::matmul::routines::batch::{
+            double_buffering::DoubleBufferingArgs, ordered_double_buffering::OrderedSelectionArgs,
+            simple::SimpleArgs,
+        };
+        use cubek::matmul::routines::BlueprintStrategy::Inferred;
+        use cubek::matmul::strategy::Strategy as S;
+        let simple = |tile_matmul| SimpleArgs {
+            multi_rows: true,
+            tile_matmul,
+        };
+        match self {
+            TiledKernel::SimpleCmma => S::SimpleCyclicCmma(Inferred(SimpleArgs {
+                multi_rows: false,
+                tile_matmul: Cmma,
+            })),
+            TiledKernel::Unit => S::SimpleUnit(Default::default()),
+            TiledKernel::Simple => S::SimpleCyclicMma(Inferred(simple(Mma))),
+            TiledKernel::Ordered => S::OrderedDoubleMma(Inferred(OrderedSelectionArgs {
+                partition_k: Some(2),
+                row_count: Some(8),
+                rows_per_plane: Some(2),
+                tile_matmul: Mma,
+            })),
+            TiledKernel::Double => S::DoubleCyclicMma(Inferred(DoubleBufferingArgs {
+                specialized: false,
+                tile_matmul: Mma,
+            })),
+            TiledKernel::DoubleSpecialized => S::DoubleCyclicMma(Inferred(DoubleBufferingArgs {
+                specialized: true,
+                tile_matmul: Mma,
+            })),
+            TiledKernel::Specialized => S::SpecializedCyclicMma(Inferred(().into())),
+            TiledKernel::Tma => S::SimpleTmaMma(Inferred(simple(Mma))),
+            TiledKernel::SpecializedTma => S::SpecializedTmaMma(Inferred(().into())),
+        }
+    }
+}
+
+/// Says once per process that a path a setting asked for ([`tiled`]'s) was refused and the
+/// call ran on the next path.
+pub(crate) fn tiled_refused(path: &str, e: &str) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ONCE.call_once(|| {
+        eprintln!("nemotron: the {path} path on cubek's tiled matmul was refused ({e}); running the next path")
+    });
+}
+
+static REFUSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many calls a setting sent to [`tiled`] ran on the next path instead (the kernel refused
+/// them), since the process started: tests check that the path they force did run.
+pub fn tiled_refusals() -> usize {
+    REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static TILED_KERNEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets the kernel [`tiled`] runs when asked for the current one (process-wide; for benchmarks).
+pub fn set_tiled_kernel(k: TiledKernel) {
+    let i = TiledKernel::ALL
+        .iter()
+        .position(|(_, t)| *t == k)
+        .unwrap_or(0);
+    TILED_KERNEL.store(i, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The kernel of [`set_tiled_kernel`] (default [`TiledKernel::SimpleCmma`]).
+pub fn tiled_kernel() -> TiledKernel {
+    TiledKernel::ALL[TILED_KERNEL.load(std::sync::atomic::Ordering::Relaxed)].1
+}
+
+fn storage(d: DType) -> cubecl::ir::StorageType {
+    use cubecl::ir::{ElemType, FloatKind, StorageType};
+    StorageType::Scalar(ElemType::Float(match d {
+        DType::BF16 => FloatKind::BF16,
+        DType::F16 => FloatKind::F16,
+        _ => FloatKind::F32,
+    }))
+}
+
+/// `a [1, M, K] · b [1, K, N]` (`b` may be a transposed view) on cubek's tiled matmul `kernel`
+/// (f32 accumulation), written as `out_dtype`; the kernel's refusal (a shape or a device it
+/// does not take) comes back as text, never a panic.
+pub fn tiled<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    out_dtype: DType,
+    kernel: TiledKernel,
+) -> Result<CubeTensor<R>, String> {
+    use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
+    use cubek::std::InputBinding;
+    let (sa, sb) = (a.meta.shape().clone(), b.meta.shape().clone());
+    if sa.num_dims() != 3 || sb.num_dims() != 3 || sa[2] != sb[1] || sa[0] != sb[0] {
+        return Err(format!("tiled matmul: shapes {sa:?} · {sb:?}"));
+    }
+    let out = empty(&a, [sa[0], sa[1], sb[2]], out_dtype);
+    let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: storage(a.dtype),
+        rhs: storage(b.dtype),
+        out: storage(out_dtype),
+    });
+    let client = a.client.clone();
+    let (da, db) = (storage(a.dtype), storage(b.dtype));
+    cubek::matmul::launch::launch_ref(
+        &kernel.strategy(),
+        &client,
+        InputBinding::new(a.binding(), da),
+        InputBinding::new(b.binding(), db),
+        out.clone().binding(),
+        &mut dtypes,
+    )
+    .map_err(|e| format!("cubek {}: {e:?}", kernel.name()))?;
+    Ok(out)
 }

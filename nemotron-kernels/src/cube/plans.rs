@@ -25,8 +25,8 @@ pub mod linear {
     };
     pub use crate::cube::linear::plan::{
         gemv, plan, Format, Limits, LinearPath, LinearPlan, LinearShape, MmaForm, MmaMin,
-        EXPERT_MAJOR_MAX_K, FP8_GEMV_MAX_K, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS,
-        MMA_TILE_MIN,
+        DENSE_MM_MIN, EXPERT_MAJOR_MAX_K, FP8_GEMV_MAX_K, FP8_MM_MIN, MMA_FP8_MIN_ROWS,
+        MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN,
     };
     pub use crate::cube::linear::tile::{
         TileShape, TILE_BUFFERS, TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS,
@@ -56,5 +56,8 @@ pub mod ssd {
 
 /// The batched matmul's path and the router product's rows per cube.
 pub mod matmul {
-    pub use crate::cube::matmul::{plan, tile_rows, MatmulPath, MATMUL_TILE_ROWS, TILED_MIN};
+    pub use crate::cube::matmul::{
+        plan, set_tiled_kernel, tile_rows, tiled_kernel, tiled_refusals, MatmulPath, TiledKernel,
+        MATMUL_TILE_ROWS, TILED_MIN,
+    };
 }

@@ -7,6 +7,7 @@
 use super::attention::decode::{self, AttnForm};
 use super::linear::mma::{self, MmaMin, MmaTuning};
 use super::mamba::{scan, ssd};
+use super::matmul::{self, TiledKernel};
 
 /// The kernel settings (see [`Settings::parse`] for the text form).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +28,9 @@ pub struct Settings {
     pub scan_chunk: scan::Chunking,
     /// Prompt tokens from which a bf16 scan takes the tensor-core (SSD) form.
     pub scan_ssd_min: usize,
+    /// cubek's kernel for the decoded FP8 and dense paths ([`MmaMin::fp8_mm`],
+    /// [`MmaMin::dense_mm`]).
+    pub tiled: TiledKernel,
 }
 
 impl Default for Settings {
@@ -41,6 +45,7 @@ impl Default for Settings {
             scan_pair_min: scan::PAIR_MIN_ROWS,
             scan_chunk: scan::Chunking::default(),
             scan_ssd_min: ssd::SSD_MIN_TOKENS,
+            tiled: TiledKernel::SimpleCmma,
         }
     }
 }
@@ -57,6 +62,7 @@ impl Settings {
             scan_pair_min: scan::pair_min(),
             scan_chunk: scan::chunking(),
             scan_ssd_min: ssd::ssd_min(),
+            tiled: matmul::tiled_kernel(),
         }
     }
 
@@ -71,6 +77,7 @@ impl Settings {
         super::set_fused(self.fused);
         scan::set_pair_min(self.scan_pair_min);
         ssd::set_ssd_min(self.scan_ssd_min);
+        matmul::set_tiled_kernel(self.tiled);
         Ok(())
     }
 
@@ -95,7 +102,12 @@ impl Settings {
     /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
     /// never); `scanssd=N` (a bf16 scan on tensor cores in the chunked matrix form from N prompt
-    /// tokens; `max` never); `fuse=on|off` (the decode fusions). Unknown keys, bad
+    /// tokens; `max` never); `fuse=on|off` (the decode fusions); `fp8mm=N` (plain FP8 rows
+    /// from which the weights are decoded for cubek's tiled matmul; `max` never); `nvfp4mm=N`
+    /// (the same for plain NVFP4 rows); `densemm=N`
+    /// (dense bf16 rows from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
+    /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
+    /// `spectma`). Unknown keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
         let num = |v: &str| -> Result<usize, String> {
@@ -147,6 +159,15 @@ impl Settings {
                 "tile" => s.min.tile = num(v)?,
                 "fp8tile" => s.min.fp8_tile = num(v)?,
                 "fp8gemm" => s.min.fp8_gemm = num(v)?,
+                "fp8mm" => s.min.fp8_mm = num(v)?,
+                "nvfp4mm" => s.min.nvfp4_mm = num(v)?,
+                "densemm" => s.min.dense_mm = num(v)?,
+                "mmk" => {
+                    s.tiled = TiledKernel::parse(v).ok_or_else(|| {
+                        let names: Vec<_> = TiledKernel::ALL.iter().map(|(n, _)| *n).collect();
+                        format!("mmk={v:?}: one of {}", names.join(", "))
+                    })?
+                }
                 "inq" => s.fp8_inq_max = num(v)?,
                 "grp" => s.tune.group = num(v)?,
                 "threads" => s.tune.threads = num(v)?,

@@ -725,3 +725,148 @@ pub fn grouped_experts_match(arm: &Arm) {
     }
     mma::set_mma(saved);
 }
+
+/// The decoded path (`fp8mm`, `nvfp4mm`: weights decoded into the activation type, cubek's
+/// tiled matmul into f32, the scales and epilogue after) against the host reference: NVFP4 and
+/// FP8 plain rows with both epilogues, an FP8 split into three parts (`in_proj`) and the gated
+/// norm's fallback (`out_proj`), through every cubek kernel of [`TiledKernel::ALL`]. The unit kernel runs on
+/// every device and must never be refused; a tensor-core kernel a device refuses is named and
+/// counted (the call then runs on the next path, which the other tests check), never passed
+/// silently; on CUDA the default kernel must run.
+pub fn fp8_decoded_linear_matches(arm: &Arm) {
+    use nemotron_kernels::cube::plans::matmul::{tiled_refusals, TiledKernel};
+    use nemotron_kernels::cube::settings::Settings;
+    let (href, mut rng) = (Arm::host(), Rng::new(57, arm));
+    let saved = Settings::current();
+    let cases = [(1, 50, 64), (9, 24, 256), (70, 40, 2688), (130, 96, 128)];
+    let mut refused = vec![];
+    for (name, kernel) in TiledKernel::ALL {
+        let mut s = saved.clone();
+        s.min.fp8_mm = 1;
+        s.min.nvfp4_mm = 1;
+        s.tiled = kernel;
+        s.apply().expect("the decoded path's settings apply");
+        let before = tiled_refusals();
+        // NVFP4 (plain): E2M1 · block scale decoded, the global scale after.
+        for (m, n, k) in [(9, 24, 256), (70, 40, 2688)] {
+            let w = [nvfp4_case(&mut rng, n, k)];
+            let x = rng.vec(m * k, 1.0);
+            for (epi, mult) in EPILOGUES {
+                let want = host(ops::nvfp4_linear(
+                    href.t(&x, [m, k]),
+                    &Nvfp4Weights::upload(&w, &href.dev),
+                    epi,
+                ));
+                let got = host(ops::nvfp4_linear(
+                    arm.t(&x, [m, k]),
+                    &Nvfp4Weights::upload(&w, &arm.dev),
+                    epi,
+                ));
+                close(
+                    &format!("nvfp4 decoded ({name}) {epi:?} {m}×{k}→{n}"),
+                    &got,
+                    &want,
+                    mult * arm.band.lin,
+                );
+            }
+        }
+        for &(m, n, k) in &cases {
+            let w = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
+            let x = rng.vec(m * k, 3.0);
+            for (epi, mult) in EPILOGUES {
+                let want = host(ops::fp8_linear(
+                    href.t(&x, [m, k]),
+                    &Fp8Weights::upload(&w, &href.dev),
+                    epi,
+                ));
+                let got = host(ops::fp8_linear(
+                    arm.t(&x, [m, k]),
+                    &Fp8Weights::upload(&w, &arm.dev),
+                    epi,
+                ));
+                close(
+                    &format!("fp8 decoded ({name}) {epi:?} {m}×{k}→{n}"),
+                    &got,
+                    &want,
+                    mult * arm.band.lin,
+                );
+            }
+        }
+        // Into three parts, as Mamba's in_proj.
+        let (m, k, widths) = (33, 256, [40, 56, 8]);
+        let n: usize = widths.iter().sum();
+        let w = [fp8_case(&mut rng, n, k, 2.5 / 448.0)];
+        let x = rng.vec(m * k, 3.0);
+        let want = host(ops::fp8_linear(
+            href.t(&x, [m, k]),
+            &Fp8Weights::upload(&w, &href.dev),
+            Epilogue::None,
+        ));
+        let parts = ops::fp8_linear3(arm.t(&x, [m, k]), &Fp8Weights::upload(&w, &arm.dev), widths);
+        let mut start = 0;
+        for (i, p) in parts.into_iter().enumerate() {
+            let cols: Vec<f32> = want
+                .chunks(n)
+                .flat_map(|row| row[start..start + widths[i]].to_vec())
+                .collect();
+            close(
+                &format!("fp8 decoded ({name}) part {i} of {m}×{k}→{widths:?}"),
+                &host(p),
+                &cols,
+                arm.band.lin,
+            );
+            start += widths[i];
+        }
+        // The gated norm into out_proj: the norm apart, then the decoded linear.
+        let (m, k, groups, n) = (40, 1024, 4, 96);
+        let w = [fp8_case(&mut rng, n, k, 1.5 / 448.0)];
+        let (x, z) = (rng.vec(m * k, 2.0), rng.vec(m * k, 3.0));
+        let nw: Vec<f32> = rng.vec(k, 1.0).iter().map(|v| rng.round(1.0 + v)).collect();
+        let got = host(ops::fp8_gated_linear(
+            arm.t(&x, [m, k]),
+            arm.t(&z, [m, k]),
+            arm.t(&nw, [k]),
+            groups,
+            1e-5,
+            &Fp8Weights::upload(&w, &arm.dev),
+        ));
+        let u = host(ops::rms_norm(
+            href.t(&x, [m, k]),
+            Some(href.t(&z, [m, k])),
+            href.t(&nw, [k]),
+            groups,
+            1e-5,
+        ));
+        let u: Vec<f32> = u.iter().map(|&v| rng.round(v)).collect();
+        let want = host(ops::fp8_linear(
+            href.t(&u, [m, k]),
+            &Fp8Weights::upload(&w, &href.dev),
+            Epilogue::None,
+        ));
+        close(
+            &format!("fp8 decoded ({name}) gated {m}×{k}→{n}"),
+            &got,
+            &want,
+            arm.band.lin,
+        );
+        if tiled_refusals() != before {
+            eprintln!("fp8 decoded: cubek's {name} kernel refused on this device");
+            refused.push(name);
+        }
+    }
+    saved.apply().expect("the settings in force apply again");
+    eprintln!(
+        "fp8 decoded: {} of {} cubek kernels ran, refused: {refused:?}",
+        TiledKernel::ALL.len() - refused.len(),
+        TiledKernel::ALL.len()
+    );
+    assert!(!refused.contains(&"unit"), "the unit kernel was refused");
+    let cuda = format!("{:?}", arm.dev).to_lowercase().contains("cuda");
+    if cuda && arm.dtype == burn::tensor::DType::BF16 {
+        let default = Settings::default().tiled.name();
+        assert!(
+            !refused.contains(&default),
+            "the default kernel {default} was refused"
+        );
+    }
+}

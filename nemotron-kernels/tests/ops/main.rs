@@ -468,6 +468,38 @@ fn linear_plan_picks_each_tier() {
         P::Mma(MmaForm::Rows),
         "one row quantized in-kernel"
     );
+    // The decoded path: from its rows, before every tensor-core tier, on any device and
+    // activation type; never routed, never NVFP4.
+    let dec = Limits {
+        min: MmaMin {
+            fp8_mm: 512,
+            ..gemm.min
+        },
+        ..tc
+    };
+    assert_eq!(path(fp(512, 2688), &dec), P::Decoded, "before the GEMM");
+    assert_eq!(path(fp(511, 2688), &dec), P::Tiled { grouped: false });
+    let f32_dec = LinearShape {
+        bf16: false,
+        ..fp(512, 2688)
+    };
+    let no_mma = Limits { mma: false, ..dec };
+    assert_eq!(path(f32_dec, &no_mma), P::Decoded, "any device and dtype");
+    assert_eq!(
+        path(call(Format::Fp8, 512, 2688, true, 4), &dec),
+        P::Gemv,
+        "routed FP8 slots are not decoded"
+    );
+    assert_eq!(
+        path(call(Format::Nvfp4, 1024, 2688, false, 1), &dec),
+        P::Tiled { grouped: false },
+        "no NVFP4 decoded path"
+    );
+    assert_eq!(
+        path(fp(4096, 2688), &tc),
+        P::Mma(MmaForm::Rows),
+        "off by default"
+    );
     assert_eq!(path(fp(2, 2688), &none), P::SmallM);
     assert_eq!(path(fp(1, 2688), &none), P::Gemv);
     assert_eq!(
@@ -564,6 +596,14 @@ fn settings_parse_each_key_into_its_field() {
             .tune
             .fp8_direct
     );
+    let mm = Settings::parse("fp8mm=1024,densemm=256,mmk=ordered").unwrap();
+    assert_eq!((mm.min.fp8_mm, mm.min.dense_mm), (1024, 256));
+    assert_eq!(
+        mm.tiled,
+        nemotron_kernels::cube::plans::matmul::TiledKernel::Ordered
+    );
+    let e = Settings::parse("mmk=fast").unwrap_err();
+    assert!(e.contains("mmk") && e.contains("spectma"), "{e}");
     let both = Settings::parse("fp8direct=on,fp8tile=512").unwrap();
     assert!(both.tune.fp8_direct && both.min.fp8_tile == 512);
     assert_eq!(
@@ -663,6 +703,7 @@ arms! {
     nvfp4_linear => linear::nvfp4_linear_matches,
     fp8_linear => linear::fp8_linear_matches,
     fp8_gated_linear => linear::fp8_gated_linear_matches,
+    fp8_decoded_linear => linear::fp8_decoded_linear_matches,
     expert_linears => linear::expert_linears_match,
     linears_into_three => linear::linears_into_three_parts_match,
     e4m3_codes => linear::e4m3_codes_decode_as_defined,
@@ -685,6 +726,7 @@ arms! {
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
     dense_linear_rows_invariant => matmul::dense_linear_rows_invariant,
+    dense_linear_tiled => matmul::dense_linear_tiled_matches,
     conv_step => slots::conv_step_matches,
     ssm_step => slots::ssm_step_matches,
     conv_ssm_step => slots::conv_ssm_step_matches,

@@ -106,3 +106,43 @@ fn rows_invariant_case(arm: &Arm, m: usize, k: usize, n: usize) {
         few * n
     );
 }
+
+/// Dense bf16/f16 linears on cubek's tiled matmul (`densemm`, every kernel of
+/// [`TiledKernel::ALL`]) against the host: rows past the tiled minimum, ragged against every
+/// tile. Applies to half-precision weights only: an f32 arm says so and checks nothing. A
+/// kernel the device refuses is named (the call ran on the next path, checked above).
+pub fn dense_linear_tiled_matches(arm: &Arm) {
+    use nemotron_kernels::cube::plans::matmul::{tiled_refusals, TiledKernel};
+    use nemotron_kernels::cube::settings::Settings;
+    if arm.dtype == burn::tensor::DType::F32 {
+        eprintln!("dense_linear_tiled: not run (f32 weights take the exact kernel on this arm)");
+        return;
+    }
+    let (href, mut rng) = (Arm::host(), Rng::new(16, arm));
+    let saved = Settings::current();
+    let mut refused = vec![];
+    for (name, kernel) in TiledKernel::ALL {
+        let mut s = saved.clone();
+        s.min.dense_mm = 1;
+        s.tiled = kernel;
+        s.apply().expect("the dense tiled settings apply");
+        let before = tiled_refusals();
+        for (m, k, n) in [(64, 64, 64), (130, 2688, 96), (200, 128, 72)] {
+            let (x, w) = (rng.vec(m * k, 1.0), rng.vec(n * k, 1.0));
+            let run = |a: &Arm| host(ops::dense_linear(a.t(&x, [m, k]), a.t(&w, [n, k])));
+            close(
+                &format!("dense_linear tiled ({name}) {m}×{k}·({n}×{k})ᵀ"),
+                &run(arm),
+                &run(&href),
+                arm.band.lin,
+            );
+        }
+        if tiled_refusals() != before {
+            eprintln!("dense_linear tiled: cubek's {name} kernel refused on this device");
+            refused.push(name);
+        }
+    }
+    saved.apply().expect("the settings in force apply again");
+    eprintln!("dense_linear tiled: refused {refused:?}");
+    assert!(!refused.contains(&"unit"), "the unit kernel was refused");
+}

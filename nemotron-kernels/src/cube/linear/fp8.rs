@@ -347,6 +347,30 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
+/// The decoded path ([`LinearPath::Decoded`]): the rows quantized here (E4M3 values in the
+/// activation type), the rest in [`super::decoded::fp8`].
+fn decoded<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> Result<(), String> {
+    let is = f32_buf(w.input_scales.clone());
+    let len = c.slots * c.k;
+    let xq = empty(&c.x, [c.slots, c.k], c.dtype);
+    let (count, dim) = elemwise(len);
+    macro_rules! quantize {
+        ($t:ty) => {
+            fp8_quantize_kernel::launch::<$t, R>(
+                &c.x.client,
+                count,
+                dim,
+                arg(&c.x),
+                arg(&is),
+                arg(&xq),
+                len as u32,
+            )
+        };
+    }
+    with_float!(c.dtype, quantize);
+    super::decoded::fp8(c, xq, w)
+}
+
 /// Launches [`fp8_gemv_kernel()`] (or [`fp8_linear_kernel()`] where it does not apply) for
 /// `x [R, in]`.
 pub fn launch<R: CubeRuntime>(
@@ -410,7 +434,16 @@ pub fn launch3<R: CubeRuntime>(
 /// Launches the kernel [`super::plan`] chooses for `c`: the tensor-core paths ([`super::mma`],
 /// [`super::tile`]), the small-M, vector or scalar kernel.
 fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
-    let path = c.plan(Format::Fp8, 1).path;
+    let mut path = c.plan(Format::Fp8, 1).path;
+    if path == LinearPath::Decoded {
+        match decoded(c, &w) {
+            Ok(()) => return,
+            Err(e) => {
+                crate::cube::matmul::tiled_refused("FP8 decoded-weight", &e);
+                path = c.plan_without_decoded(Format::Fp8, 1).path;
+            }
+        }
+    }
     match path {
         LinearPath::Tiled { .. } | LinearPath::Mma(_) | LinearPath::Gemm => {
             super::mma::fp8(c, &w, path);

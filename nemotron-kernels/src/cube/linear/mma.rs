@@ -98,7 +98,7 @@ pub fn sort_min_slots() -> usize {
     SORT_MIN_SLOTS.load(Ordering::Relaxed)
 }
 
-static MIN: [AtomicUsize; 8] = [
+static MIN: [AtomicUsize; 11] = [
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
@@ -107,6 +107,9 @@ static MIN: [AtomicUsize; 8] = [
     AtomicUsize::new(MMA_TILE_MIN),
     AtomicUsize::new(usize::MAX),
     AtomicUsize::new(usize::MAX),
+    AtomicUsize::new(super::plan::FP8_MM_MIN),
+    AtomicUsize::new(super::plan::DENSE_MM_MIN),
+    AtomicUsize::new(super::plan::FP8_MM_MIN),
 ];
 
 /// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
@@ -120,6 +123,9 @@ pub fn set_mma(m: MmaMin) {
         m.tile,
         m.fp8_tile,
         m.fp8_gemm,
+        m.fp8_mm,
+        m.dense_mm,
+        m.nvfp4_mm,
     ]) {
         cell.store(v, Ordering::Relaxed);
     }
@@ -137,6 +143,9 @@ pub fn mma() -> MmaMin {
         tile: v(5),
         fp8_tile: v(6),
         fp8_gemm: v(7),
+        fp8_mm: v(8),
+        dense_mm: v(9),
+        nvfp4_mm: v(10),
     }
 }
 
@@ -152,6 +161,9 @@ pub fn set_mma_min(rows: usize, slots: usize) {
         tile: MMA_TILE_MIN,
         fp8_tile: usize::MAX,
         fp8_gemm: usize::MAX,
+        fp8_mm: super::plan::FP8_MM_MIN,
+        nvfp4_mm: super::plan::FP8_MM_MIN,
+        dense_mm: super::plan::DENSE_MM_MIN,
     });
 }
 

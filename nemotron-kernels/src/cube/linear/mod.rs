@@ -2,6 +2,7 @@
 //! stack of experts, with the epilogue fused. GEMVs for one or few rows; [`mma`] runs batches of
 //! bf16 rows on CUDA tensor cores; [`dispatch`] names the GEMVs' launch geometry.
 
+pub mod decoded;
 pub mod dispatch;
 pub mod fp8;
 pub mod frag;
@@ -326,6 +327,25 @@ impl<R: CubeRuntime> Call<R> {
     /// This call's path ([`plan::plan`]) on its device with the current settings, `experts`
     /// the weight stack's.
     pub fn plan(&self, format: plan::Format, experts: usize) -> plan::LinearPlan {
+        self.plan_with(format, experts, mma::mma())
+    }
+
+    /// [`Self::plan`] with the decoded path off (where it was refused).
+    pub fn plan_without_decoded(&self, format: plan::Format, experts: usize) -> plan::LinearPlan {
+        let min = plan::MmaMin {
+            fp8_mm: usize::MAX,
+            nvfp4_mm: usize::MAX,
+            ..mma::mma()
+        };
+        self.plan_with(format, experts, min)
+    }
+
+    fn plan_with(
+        &self,
+        format: plan::Format,
+        experts: usize,
+        min: plan::MmaMin,
+    ) -> plan::LinearPlan {
         use cubecl::ir::{ElemType, FloatKind};
         let (kind, k) = match format {
             plan::Format::Nvfp4 => (FloatKind::BF16, 16),
@@ -345,7 +365,7 @@ impl<R: CubeRuntime> Call<R> {
                 ElemType::Float(kind).into(),
                 k,
             ),
-            min: mma::mma(),
+            min,
             grouped_min: grouped::grouped_min_slots(),
             inq_max: mma::fp8_inq_max(),
         };

@@ -385,16 +385,17 @@ pub fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let s = w.shape;
     let c = Call::new(x, rows, s.out_features, epi);
-    let launched = match c.plan(Format::Nvfp4, s.experts).path {
-        LinearPath::Tiled { .. } => super::tile::nvfp4(
+    let launched = match decoded_or_plan(&c, &w) {
+        None => return c.y,
+        Some(LinearPath::Tiled { .. }) => super::tile::nvfp4(
             &c,
             &w,
             super::mma::sort_min_slots(),
             super::mma::tuning().tile_shape(),
         ),
-        LinearPath::Mma(form) => super::mma::nvfp4(&c, &w, form),
-        LinearPath::ExpertMajor => super::grouped::launch(&c, &w),
-        path => {
+        Some(LinearPath::Mma(form)) => super::mma::nvfp4(&c, &w, form),
+        Some(LinearPath::ExpertMajor) => super::grouped::launch(&c, &w),
+        Some(path) => {
             run(&c, &w, path);
             return c.y;
         }
@@ -417,17 +418,37 @@ pub fn launch3<R: CubeRuntime>(
         return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
     }
     let c = Call::new3(x, widths);
-    match c.plan(Format::Nvfp4, w.shape.experts).path {
-        LinearPath::Tiled { .. } => {
+    match decoded_or_plan(&c, &w) {
+        None => {}
+        Some(LinearPath::Tiled { .. }) => {
             let shape = super::mma::tuning().tile_shape();
             super::tile::nvfp4(&c, &w, super::mma::sort_min_slots(), shape);
         }
-        LinearPath::Mma(form) => {
+        Some(LinearPath::Mma(form)) => {
             super::mma::nvfp4(&c, &w, form);
         }
-        path => run(&c, &w, path),
+        Some(path) => run(&c, &w, path),
     }
     (c.y, c.y1, c.y2)
+}
+
+/// Runs the decoded path where the plan gives it (`None`: done), else the path to run: the
+/// plan's, or where the decoded path was refused, the plan's without it.
+fn decoded_or_plan<R: CubeRuntime>(
+    c: &Call<R>,
+    w: &Nvfp4Weights<CubeBackend<R>>,
+) -> Option<LinearPath> {
+    let path = c.plan(Format::Nvfp4, w.shape.experts).path;
+    if path != LinearPath::Decoded {
+        return Some(path);
+    }
+    match super::decoded::nvfp4(c, w) {
+        Ok(()) => None,
+        Err(e) => {
+            crate::cube::matmul::tiled_refused("NVFP4 decoded-weight", &e);
+            Some(c.plan_without_decoded(Format::Nvfp4, w.shape.experts).path)
+        }
+    }
 }
 
 /// Launches the small-M, vector (`Gemv`, and the expert-major path's fallback) or scalar kernel

@@ -4,6 +4,9 @@
 //! Tested on the host (`tests/ops`, `linear_plan`), for both formats at the real shapes.
 //!
 //! Tiers, first that applies:
+//! 0. **Decoded** (plain rows from [`MmaMin::fp8_mm`] / [`MmaMin::nvfp4_mm`], any activation
+//!    type, `k` a multiple of 16): the weights decoded into the activation type and cubek's tiled
+//!    matmul ([`super::decoded`]).
 //! 1. **Tensor cores** (bf16 activations, `k` a multiple of 32 (NVFP4) or 16 (FP8), the device's
 //!    `mma`, enough rows — [`MmaMin`]): the tiled kernel ([`super::tile`]) from
 //!    [`MmaMin::tile`] plain NVFP4 rows or grouped slots (FP8: [`MmaMin::fp8_tile`] rows
@@ -46,6 +49,16 @@ pub struct MmaMin {
     /// in shared memory ([`super::gemm`]); before the tiled kernel. Off by default: measured
     /// 25 % slower than [`super::mma::fp8_mma_kernel()`] at 8–64 × 128 prefills (PERF §25).
     pub fp8_gemm: usize,
+    /// Plain FP8 rows from which the weights are decoded into the activation type and the
+    /// product runs on cubek's tiled matmul ([`LinearPath::Decoded`]; any activation type, any
+    /// device). Before every tensor-core tier.
+    pub fp8_mm: usize,
+    /// Plain NVFP4 rows from which the weights are decoded (`E2M1 · block scale`, exact in the
+    /// activation type) for cubek's tiled matmul ([`LinearPath::Decoded`]).
+    pub nvfp4_mm: usize,
+    /// Rows from which a dense bf16/f16 linear runs on cubek's tiled matmul instead of
+    /// [`super::mma::dense_mma_kernel()`] (`crate::cube::matmul::linear_launch`).
+    pub dense_mm: usize,
 }
 
 impl Default for MmaMin {
@@ -59,9 +72,19 @@ impl Default for MmaMin {
             tile: MMA_TILE_MIN,
             fp8_tile: usize::MAX,
             fp8_gemm: usize::MAX,
+            fp8_mm: FP8_MM_MIN,
+            nvfp4_mm: FP8_MM_MIN,
+            dense_mm: DENSE_MM_MIN,
         }
     }
 }
+
+/// Plain FP8 (and NVFP4) rows from which the decoded-weight path runs by default
+/// ([`MmaMin::fp8_mm`], [`MmaMin::nvfp4_mm`]): off until measured.
+pub const FP8_MM_MIN: usize = usize::MAX;
+/// Rows from which dense bf16 linears run on cubek's matmul by default ([`MmaMin::dense_mm`]):
+/// off until measured.
+pub const DENSE_MM_MIN: usize = usize::MAX;
 
 /// Plain rows / grouped routing slots from which NVFP4 runs the tiled kernel (the default of
 /// [`MmaMin::tile`]): prefill sizes only, so decode batches keep the kernels they were tuned
@@ -96,6 +119,9 @@ pub enum LinearPath {
     Tiled { grouped: bool },
     /// The FP8 GEMM with both operands staged in shared memory ([`super::gemm`]): plain rows.
     Gemm,
+    /// The weights decoded into the activation type (exact), the product on cubek's tiled
+    /// matmul into f32, the scales and epilogue applied after: plain rows ([`super::decoded`]).
+    Decoded,
     /// The tensor-core kernel of [`super::mma`].
     Mma(MmaForm),
     /// Routed NVFP4 slots grouped by expert, GEMV cubes per (row block, expert)
@@ -165,6 +191,16 @@ pub fn plan(s: &LinearShape, l: &Limits) -> LinearPlan {
 
 fn tensor_cores(s: &LinearShape, l: &Limits) -> Option<LinearPlan> {
     let m = &l.min;
+    let decoded_min = match s.format {
+        Format::Fp8 => m.fp8_mm,
+        Format::Nvfp4 => m.nvfp4_mm,
+    };
+    if !s.routed && s.experts == 1 && s.slots >= decoded_min && s.k % 16 == 0 {
+        return Some(LinearPlan {
+            path: LinearPath::Decoded,
+            reason: "enough rows for the decoded weights on the tiled matmul",
+        });
+    }
     let step = match s.format {
         Format::Nvfp4 => 32,
         Format::Fp8 => 16,
