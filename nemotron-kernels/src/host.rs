@@ -467,6 +467,19 @@ fn argmax_rows<F: HostPrimitive, I: HostPrimitive>(x: F) -> I {
     I::from_data(TensorData::new(ids, [n]))
 }
 
+fn logprob_rows<F: HostPrimitive, I: HostPrimitive>(x: F, tokens: I, n: usize) -> (F, I, F) {
+    let (v, shape) = x.floats();
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = v.len() / cols;
+    let (stats, ids, vals) = reference::logprob_rows(&v, cols, &tokens.ints(), n);
+    let w = n.max(1);
+    (
+        F::from_data(TensorData::new(stats, [rows, 2])),
+        I::from_data(TensorData::new(ids, [rows, w])),
+        F::from_data(TensorData::new(vals, [rows, w])),
+    )
+}
+
 fn advance_lens<I: HostPrimitive>(lens: I, slots: I) -> I {
     let mut l = lens.ints();
     for s in slots.ints() {
@@ -785,6 +798,17 @@ macro_rules! host_backend {
                 x: burn::backend::tensor::FloatTensor<Self>,
             ) -> burn::backend::tensor::IntTensor<Self> {
                 argmax_rows::<_, burn::backend::tensor::IntTensor<Self>>(x)
+            }
+            fn logprob_rows(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                tokens: burn::backend::tensor::IntTensor<Self>,
+                n: usize,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::IntTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+            ) {
+                logprob_rows(x, tokens, n)
             }
             fn advance_lens(
                 lens: burn::backend::tensor::IntTensor<Self>,

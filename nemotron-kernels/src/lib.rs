@@ -179,6 +179,10 @@ pub struct ScanDims {
     pub state: usize,
 }
 
+/// The most ranked entries [`ops::logprob_rows`] returns per row (OpenAI's and vLLM's limit on
+/// `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// The ops NemotronH needs beyond Burn's, over backend primitives. Float inputs come in the
 /// activation dtype (f32, bf16 or f16 on device backends; f32 on the host); results are in the
 /// activation dtype unless stated otherwise; the SSM state, router logits and routing weights are
@@ -451,6 +455,17 @@ pub trait NemotronOps: Backend {
     /// Each row's arg-max over `x` `[B, V]` (the lowest index on ties; NaN never wins): `[B]`
     /// I32. Greedy sampling on the device — one launch, `B` ids to read back.
     fn argmax_rows(x: FloatTensor<Self>) -> IntTensor<Self>;
+
+    /// Per row of `x` `[R, V]`: `stats` `[R, 2]` f32 (the log-sum-exp, the logit of
+    /// `tokens[r]`, −∞ for a token outside the row), and the `n` largest logits (`n` ≤ 20) as
+    /// `ids` `[R, max(n, 1)]` I32 and `values` `[R, max(n, 1)]` f32, by decreasing value, the
+    /// lower id on ties, NaN never ranking (id −1 past the ranked entries). Log-probabilities
+    /// without the vocabulary row on the host.
+    fn logprob_rows(
+        x: FloatTensor<Self>,
+        tokens: IntTensor<Self>,
+        n: usize,
+    ) -> (FloatTensor<Self>, IntTensor<Self>, FloatTensor<Self>);
 
     /// `lens[slots[b]] += 1` for every non-pad row, in place. Returns `lens`.
     fn advance_lens(lens: IntTensor<Self>, slots: IntTensor<Self>) -> IntTensor<Self>;

@@ -806,6 +806,44 @@ pub fn argmax_rows(x: Tensor<2>) -> Tensor<1, Int> {
     Tensor::from_dispatch(<D as NemotronOps>::argmax_rows(x.into_dispatch()))
 }
 
+/// Log-probabilities of rows of logits `x` `[R, V]` on the device: per row the log-sum-exp
+/// `lse`, the logit of `tokens[r]` and the `n` (≤ 20) largest logits with their ids (decreasing,
+/// the lower id on ties) — read back as `2 + 2n` numbers a row. A token's log-probability is
+/// its logit minus `lse`.
+pub fn logprob_rows(x: Tensor<2>, tokens: &Tensor<1, Int>, n: usize) -> LogprobRows {
+    let [r, _] = x.dims();
+    assert!(
+        n <= crate::MAX_TOP_LOGPROBS,
+        "logprob_rows: n = {n}, at most {}",
+        crate::MAX_TOP_LOGPROBS
+    );
+    assert_eq!(
+        tokens.dims()[0],
+        r,
+        "logprob_rows: {} tokens for {r} rows",
+        tokens.dims()[0]
+    );
+    let (stats, ids, vals) =
+        <D as NemotronOps>::logprob_rows(x.into_dispatch(), tokens.clone().into_dispatch(), n);
+    LogprobRows {
+        stats: out(stats),
+        ids: Tensor::from_dispatch(ids),
+        values: out(vals),
+        n,
+    }
+}
+
+/// What [`logprob_rows`] returns (on the device until read).
+pub struct LogprobRows {
+    /// `[R, 2]` f32: the log-sum-exp, the token's logit.
+    pub stats: Tensor<2>,
+    /// `[R, max(n, 1)]` I32: the top ids (−1 past the ranked entries).
+    pub ids: Tensor<2, Int>,
+    /// `[R, max(n, 1)]` f32: their logits.
+    pub values: Tensor<2>,
+    pub n: usize,
+}
+
 /// `lens[slots[b]] += 1` for the non-pad rows.
 pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, Int> {
     Tensor::from_dispatch(<D as NemotronOps>::advance_lens(

@@ -572,6 +572,60 @@ pub fn argmax_rows(x: &[f32], cols: usize) -> Vec<i32> {
         .collect()
 }
 
+/// Per row of `x` (`cols` wide): `[log-sum-exp, x[tokens[r]]]` (−∞ outside the row; the sum in
+/// f64), and the `n` largest values with their ids by decreasing value, the lower id on ties
+/// (−0 ties with 0), NaN never ranking (`-1` / 0 past the ranked entries), `max(n, 1)` per row.
+#[allow(clippy::type_complexity)]
+pub fn logprob_rows(
+    x: &[f32],
+    cols: usize,
+    tokens: &[i64],
+    n: usize,
+) -> (Vec<f32>, Vec<i32>, Vec<f32>) {
+    let w = n.max(1);
+    let (mut stats, mut ids, mut vals) = (vec![], vec![], vec![]);
+    for (r, row) in x.chunks(cols).enumerate() {
+        let m = row
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row
+            .iter()
+            .filter(|v| !v.is_nan())
+            .map(|&v| ((v - m) as f64).exp())
+            .sum();
+        stats.push((m as f64 + sum.ln()) as f32);
+        let t = tokens.get(r).copied().unwrap_or(-1);
+        stats.push(if t >= 0 && (t as usize) < cols {
+            row[t as usize]
+        } else {
+            f32::NEG_INFINITY
+        });
+        // By value as floats compare (−0 equals 0: the lower id first), NaN left out.
+        let mut order: Vec<usize> = (0..cols).filter(|&i| !row[i].is_nan()).collect();
+        order.sort_by(|&a, &b| {
+            row[b]
+                .partial_cmp(&row[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
+        for j in 0..w {
+            match order.get(j).filter(|_| j < n) {
+                Some(&i) => {
+                    ids.push(i as i32);
+                    vals.push(row[i]);
+                }
+                None => {
+                    ids.push(-1);
+                    vals.push(0.0);
+                }
+            }
+        }
+    }
+    (stats, ids, vals)
+}
+
 /// `Σ_j w[t, j] · y[t·k + j, :]` (`+ shared[t, :]`) over `N` tokens of width `h`.
 pub fn moe_combine(y: &[f32], w: &[f32], shared: Option<&[f32]>, k: usize, h: usize) -> Vec<f32> {
     let n = w.len() / k.max(1);

@@ -268,7 +268,22 @@ impl<'m> Engine<'m> {
         let host = if rows.iter().all(|r| !r.seq.needs_row()) {
             vec![]
         } else {
-            crate::generate::host_rows(logits.slice_dim(0, 0..b))
+            crate::generate::host_rows(logits.clone().slice_dim(0, 0..b))
+        };
+        // Greedy requests that asked for log-probabilities take them from the device, for the
+        // whole batch in one launch (`2 + 2n` numbers a row come back; rows that sample use
+        // their host copy).
+        let on_device = if rows.iter().any(|r| r.seq.device_logprobs()) {
+            let ns: Vec<usize> = rows
+                .iter()
+                .map(|r| r.seq.opts.logprobs.unwrap_or(0))
+                .collect();
+            let toks: Vec<u32> = (0..b)
+                .map(|i| chosen.get(i).copied().unwrap_or(0))
+                .collect();
+            crate::generate::device_logprobs(logits.slice_dim(0, 0..b), &toks, &ns)
+        } else {
+            vec![]
         };
         let mut events = Vec::with_capacity(b);
         for (i, mut r) in rows.into_iter().enumerate() {
@@ -289,7 +304,9 @@ impl<'m> Engine<'m> {
             } else {
                 r.seq.sample(&host[i * v..(i + 1) * v])
             };
-            let logprobs = if r.seq.needs_row() {
+            let logprobs = if r.seq.device_logprobs() {
+                on_device.get(i).cloned()
+            } else if r.seq.needs_row() {
                 r.seq.logprobs(&host[i * v..(i + 1) * v], tok)
             } else {
                 None

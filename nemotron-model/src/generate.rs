@@ -41,6 +41,47 @@ pub fn device_argmax(logits: Tensor<2>) -> Vec<u32> {
         .collect()
 }
 
+/// The log-probabilities of `tokens[r]` in each row of `logits` `[R, V]` with the row's `ns[r]`
+/// most likely tokens, computed on the device ([`nemotron_kernels::ops::logprob_rows`]): `2 + 2n`
+/// numbers a row come back (`n` the most asked), not the vocabulary. The values are the raw
+/// log-softmax, as [`crate::sampling::logprobs`] gives from a row on the host (its log-sum-exp
+/// summed in f64, this one in f32 on the device: they agree to about 1e-6 of its size).
+#[allow(
+    clippy::expect_used,
+    reason = "convert::<T>() makes the elements T, so into_vec::<T> cannot fail"
+)]
+pub fn device_logprobs(logits: Tensor<2>, tokens: &[u32], ns: &[usize]) -> Vec<TokenLogprobs> {
+    let n = ns.iter().copied().max().unwrap_or(0);
+    let dev = logits.device();
+    let r = tokens.len();
+    let toks: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let toks = Tensor::<1, Int>::from_data(TensorData::new(toks, [r]), &dev);
+    let out = nemotron_kernels::ops::logprob_rows(logits, &toks, n);
+    let stats = host_rows(out.stats);
+    let w = n.max(1);
+    let ids: Vec<i64> = out
+        .ids
+        .into_data()
+        .convert::<i64>()
+        .into_vec()
+        .expect("int ids");
+    let vals = host_rows(out.values);
+    (0..r)
+        .map(|i| {
+            let lse = stats[2 * i] as f64;
+            let lp = |x: f32| (x as f64 - lse) as f32;
+            TokenLogprobs {
+                token: tokens[i],
+                logprob: lp(stats[2 * i + 1]),
+                top: (0..ns[i].min(n))
+                    .filter(|&j| ids[i * w + j] >= 0)
+                    .map(|j| (ids[i * w + j] as u32, lp(vals[i * w + j])))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
 /// The last row of `[T, V]` logits on the host.
 #[allow(
     clippy::expect_used,
@@ -162,8 +203,14 @@ impl<'a> Generator<'a> {
                 let last = *self.seq.history.last().expect("non-empty");
                 let logits = self.decode_one(last)?;
                 if !self.seq.needs_row() {
-                    // Only the chosen id leaves the device.
-                    (device_argmax(logits)[0], None)
+                    // Only the chosen id (and the log-probabilities asked for) leave the device.
+                    let tok = device_argmax(logits.clone())[0];
+                    let lp = self
+                        .seq
+                        .opts
+                        .logprobs
+                        .map(|n| device_logprobs(logits, &[tok], &[n]).remove(0));
+                    (tok, lp)
                 } else {
                     let row = host_rows(logits);
                     let tok = if self.seq.greedy() {

@@ -124,10 +124,16 @@ impl Sequence {
         is_plain_greedy(&self.opts.sampling)
     }
 
-    /// Whether this request needs its logits rows on the host: it samples, or it asked for
-    /// log-probabilities.
+    /// Whether this request needs its logits rows on the host: it samples. A plain greedy
+    /// request takes the device's argmax, and its log-probabilities, where asked, come from the
+    /// device too ([`crate::generate::device_logprobs`]).
     pub(crate) fn needs_row(&self) -> bool {
-        !self.greedy() || self.opts.logprobs.is_some()
+        !self.greedy()
+    }
+
+    /// Whether this plain greedy request asked for log-probabilities (taken on the device).
+    pub(crate) fn device_logprobs(&self) -> bool {
+        self.greedy() && self.opts.logprobs.is_some()
     }
 
     /// The log-probabilities of `tok` in `row` where the request asked for them.

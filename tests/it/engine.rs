@@ -294,9 +294,9 @@ fn host_engine_logprobs_are_the_teacher_forced_log_softmax() {
 /// Prompt scoring (`prompt_logprobs`, what `echo` with `max_tokens: 0` answers) against each
 /// prefix run alone: token `i + 1`'s value is a log-softmax (written out here in f64) of the
 /// last logits row of a fresh forward over tokens `0..=i` — another path than the one-shot
-/// forward the function takes — its top entries the `n` most likely in order. 70 tokens: past
-/// the 64 logits rows brought to the host at a time. One token gives no entries; an empty
-/// prompt and more than 20 are refused by name.
+/// forward the function takes — its top entries the `n` most likely in order (computed by
+/// `logprob_rows` over all 69 positions at once). One token gives no entries; an empty prompt,
+/// a token past the vocabulary and more than 20 are refused by name.
 #[test]
 fn host_prompt_logprobs_are_each_prefix_log_softmax() {
     use nemotron::model::prompt_logprobs;
@@ -335,4 +335,11 @@ fn host_prompt_logprobs_are_each_prefix_log_softmax() {
     assert!(e.contains("empty"), "{e}");
     let e = prompt_logprobs(&m, &p, 21).unwrap_err().to_string();
     assert!(e.contains("logprobs") && e.contains("20"), "{e}");
+    let e = prompt_logprobs(&m, &[1, 2, v as u32], n)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("vocabulary") && e.contains(&v.to_string()),
+        "{e}"
+    );
 }

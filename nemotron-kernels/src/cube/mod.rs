@@ -13,6 +13,7 @@
 //! | attention | [`attention`] (`decode`) | GQA decode attention over slot KV caches |
 //! | slots | [`slots`], [`mamba::step`] | decode over state slots: conv / SSM steps in place, lengths, slot writes |
 //! | greedy pick | [`argmax`] | row-wise arg-max over the vocabulary |
+//! | log-probabilities | [`logprobs`] | row-wise log-sum-exp, a token's logit and the top `n` |
 //!
 //! [`buffers`] turns tensors into kernel buffers; [`reduce`] holds shared reductions. Activations
 //! are read and written in their storage type (f32, bf16, f16); the Mamba2 conv and scan compute in
@@ -23,6 +24,7 @@ pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod buffers;
 pub(crate) mod linear;
+pub(crate) mod logprobs;
 pub(crate) mod mamba;
 pub(crate) mod matmul;
 pub(crate) mod moe;
@@ -342,6 +344,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
 
     fn argmax_rows(x: T<R>) -> T<R> {
         argmax::launch(x)
+    }
+
+    fn logprob_rows(x: T<R>, tokens: T<R>, n: usize) -> (T<R>, T<R>, T<R>) {
+        logprobs::launch(x, tokens, n)
     }
 
     fn advance_lens(lens: T<R>, slots: T<R>) -> T<R> {

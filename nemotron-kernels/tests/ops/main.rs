@@ -700,6 +700,7 @@ macro_rules! arms {
 
 arms! {
     argmax_rows => argmax::argmax_rows_matches,
+    logprob_rows => argmax::logprob_rows_match,
     nvfp4_linear => linear::nvfp4_linear_matches,
     fp8_linear => linear::fp8_linear_matches,
     fp8_gated_linear => linear::fp8_gated_linear_matches,
