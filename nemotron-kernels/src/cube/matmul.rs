@@ -777,6 +777,20 @@ pub fn tiled_kernel() -> TiledKernel {
     TiledKernel::ALL[TILED_KERNEL.load(std::sync::atomic::Ordering::Relaxed)].1
 }
 
+static TILED_F32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether the decoded path's products come out of [`tiled`] in f32 (the default: one rounding,
+/// after the scales) or in the activation type (`mmacc=act`: half the bytes written and read
+/// back, the sum rounded once more before the scales). Process-wide; for benchmarks.
+pub fn set_tiled_f32(on: bool) {
+    TILED_F32.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The output type choice of [`set_tiled_f32`].
+pub fn tiled_f32() -> bool {
+    TILED_F32.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn storage(d: DType) -> cubecl::ir::StorageType {
     use cubecl::ir::{ElemType, FloatKind, StorageType};
     StorageType::Scalar(ElemType::Float(match d {

@@ -31,6 +31,8 @@ pub struct Settings {
     /// cubek's kernel for the decoded FP8 and dense paths ([`MmaMin::fp8_mm`],
     /// [`MmaMin::dense_mm`]).
     pub tiled: TiledKernel,
+    /// Whether the decoded path's products come out in f32 ([`matmul::set_tiled_f32`]).
+    pub tiled_f32: bool,
 }
 
 impl Default for Settings {
@@ -46,6 +48,7 @@ impl Default for Settings {
             scan_chunk: scan::Chunking::default(),
             scan_ssd_min: ssd::SSD_MIN_TOKENS,
             tiled: TiledKernel::SimpleCmma,
+            tiled_f32: true,
         }
     }
 }
@@ -63,6 +66,7 @@ impl Settings {
             scan_chunk: scan::chunking(),
             scan_ssd_min: ssd::ssd_min(),
             tiled: matmul::tiled_kernel(),
+            tiled_f32: matmul::tiled_f32(),
         }
     }
 
@@ -78,6 +82,7 @@ impl Settings {
         scan::set_pair_min(self.scan_pair_min);
         ssd::set_ssd_min(self.scan_ssd_min);
         matmul::set_tiled_kernel(self.tiled);
+        matmul::set_tiled_f32(self.tiled_f32);
         Ok(())
     }
 
@@ -107,7 +112,8 @@ impl Settings {
     /// (the same for plain NVFP4 rows); `densemm=N`
     /// (dense bf16 rows from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
-    /// `spectma`). Unknown keys, bad
+    /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type). Unknown
+    /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
         let num = |v: &str| -> Result<usize, String> {
@@ -162,6 +168,13 @@ impl Settings {
                 "fp8mm" => s.min.fp8_mm = num(v)?,
                 "nvfp4mm" => s.min.nvfp4_mm = num(v)?,
                 "densemm" => s.min.dense_mm = num(v)?,
+                "mmacc" => {
+                    s.tiled_f32 = match v {
+                        "f32" => true,
+                        "act" => false,
+                        v => return Err(format!("mmacc={v:?}: f32 or act")),
+                    }
+                }
                 "mmk" => {
                     s.tiled = TiledKernel::parse(v).ok_or_else(|| {
                         let names: Vec<_> = TiledKernel::ALL.iter().map(|(n, _)| *n).collect();

@@ -602,6 +602,8 @@ fn settings_parse_each_key_into_its_field() {
         mm.tiled,
         nemotron_kernels::cube::plans::matmul::TiledKernel::Ordered
     );
+    assert!(mm.tiled_f32 && !Settings::parse("mmacc=act").unwrap().tiled_f32);
+    assert!(Settings::parse("mmacc=f16").unwrap_err().contains("mmacc"));
     let e = Settings::parse("mmk=fast").unwrap_err();
     assert!(e.contains("mmk") && e.contains("spectma"), "{e}");
     let both = Settings::parse("fp8direct=on,fp8tile=512").unwrap();

@@ -71,11 +71,12 @@ pub fn nvfp4_decode_kernel<F: Float>(
     }
 }
 
-/// `y = F(epi(a[0] · b[0] · acc))` (`a[0] · acc` unless `both`) over the f32 products
-/// `acc [R, n_out]`, stored whole or into the three parts ([`store3`]).
+/// `y = F(epi(a[0] · b[0] · acc))` (`a[0] · acc` unless `both`) over the products
+/// `acc [R, n_out]` (f32, or the activation type), stored whole or into the three parts
+/// ([`store3`]).
 #[cube(launch)]
-pub fn decoded_scale_kernel<F: Float>(
-    acc: &[f32],
+pub fn decoded_scale_kernel<F: Float, A: Float>(
+    acc: &[A],
     a_scale: &[f32],
     b_scale: &[f32],
     y: &mut [F],
@@ -97,7 +98,7 @@ pub fn decoded_scale_kernel<F: Float>(
         } else {
             a_scale[0]
         };
-        let v = F::cast_from(epilogue(acc[i] * scale, relu2));
+        let v = F::cast_from(epilogue(f32::cast_from(acc[i]) * scale, relu2));
         store3(
             y,
             y1,
@@ -184,13 +185,22 @@ fn product<R: CubeRuntime>(
     let xs = <B<R> as FloatTensorOps<B<R>>>::float_reshape(xs, [1, c.slots, c.k].into());
     let wd = <B<R> as FloatTensorOps<B<R>>>::float_reshape(wd, [1, c.n, c.k].into());
     let wt = <B<R> as FloatTensorOps<B<R>>>::float_swap_dims(wd, 1, 2);
-    let acc = matmul::tiled(xs, wt, DType::F32, matmul::tiled_kernel())?;
+    let f32_acc = matmul::tiled_f32();
+    let acc_dtype = if f32_acc { DType::F32 } else { c.dtype };
+    let acc = matmul::tiled(xs, wt, acc_dtype, matmul::tiled_kernel())?;
     let (sa, sb) = c.split_args();
     let len = c.slots * c.n;
     let (count, dim) = elemwise(len);
     macro_rules! scale {
         ($t:ty) => {
-            decoded_scale_kernel::launch::<$t, R>(
+            if f32_acc {
+                scale!($t, f32)
+            } else {
+                scale!($t, $t)
+            }
+        };
+        ($t:ty, $a:ty) => {
+            decoded_scale_kernel::launch::<$t, $a, R>(
                 &c.x.client,
                 count,
                 dim,
