@@ -144,11 +144,11 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
     }
 
     fn nvfp4_linear(x: T<R>, w: Nvfp4Weights<Self>, rows: Rows<Self>, epi: Epilogue) -> T<R> {
-        linear::nvfp4::launch(x, w, rows, epi)
+        linear::launcher::launch(x, w, rows, epi)
     }
 
     fn fp8_linear(x: T<R>, w: Fp8Weights<Self>, rows: Rows<Self>, epi: Epilogue) -> T<R> {
-        linear::fp8::launch(x, w, rows, epi)
+        linear::launcher::launch(x, w, rows, epi)
     }
 
     fn fp8_gated_linear(
@@ -163,11 +163,11 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
     }
 
     fn nvfp4_linear3(x: T<R>, w: Nvfp4Weights<Self>, widths: [usize; 3]) -> (T<R>, T<R>, T<R>) {
-        linear::nvfp4::launch3(x, w, widths)
+        linear::launcher::launch3(x, w, widths)
     }
 
     fn fp8_linear3(x: T<R>, w: Fp8Weights<Self>, widths: [usize; 3]) -> (T<R>, T<R>, T<R>) {
-        linear::fp8::launch3(x, w, widths)
+        linear::launcher::launch3(x, w, widths)
     }
 
     fn rms_norm(x: T<R>, gate: Maybe<Self>, weight: T<R>, groups: usize, eps: f64) -> T<R> {

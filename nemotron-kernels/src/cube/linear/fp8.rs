@@ -8,6 +8,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
+use super::launcher::Weights;
 use super::plan::{Format, LinearPath};
 use super::{e4m3, e4m3_round, e4m3_scaled, e4m3x4, epilogue, hw_decode, lane_sum, store3, Call};
 use crate::cube::buffers::{arg, elemwise, empty, f32_buf, with_float};
@@ -371,20 +372,6 @@ fn decoded<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> Resul
     super::decoded::fp8(c, xq, w)
 }
 
-/// Launches [`fp8_gemv_kernel()`] (or [`fp8_linear_kernel()`] where it does not apply) for
-/// `x [R, in]`.
-pub fn launch<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    w: Fp8Weights<CubeBackend<R>>,
-    rows: Rows<CubeBackend<R>>,
-    epi: Epilogue,
-) -> CubeTensor<R> {
-    let s = w.shape;
-    let c = Call::new(x, rows, s.out_features, epi);
-    run(&c, w);
-    c.y
-}
-
 /// `launch(rms_norm(x, gate), w)` (Mamba2's gated output norm then `out_proj`): one launch where
 /// the tensor-core kernel can compute the norm in its prologue (`super::mma::fp8_gated`, one
 /// row); the norm writing E4M3 codes for the tensor-core kernel where many rows take it
@@ -412,47 +399,43 @@ pub fn launch_gated<R: CubeRuntime>(
         return c.y;
     }
     let u = crate::cube::norm::launch(c.x, Some(gate).into(), norm_weight, groups, eps);
-    launch(u, w, Rows::Each, Epilogue::None)
+    super::launcher::launch(u, w, Rows::Each, Epilogue::None)
 }
 
-/// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
-/// write the parts directly; the scalar kernel writes one output, sliced after.
-pub fn launch3<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    w: Fp8Weights<CubeBackend<R>>,
-    widths: [usize; 3],
-) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    let k = x.meta.shape()[1];
-    if k % 16 != 0 || k > MAX_SHARED_K {
-        return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
+/// FP8 at each tier of [`super::launcher`]: the decoded path; [`super::mma`]'s tensor-core
+/// launch (its tiled and GEMM forms included); the small-M, vector or scalar GEMV.
+impl<R: CubeRuntime> Weights<R> for Fp8Weights<CubeBackend<R>> {
+    const FORMAT: Format = Format::Fp8;
+    fn experts(&self) -> usize {
+        self.shape.experts
     }
-    let c = Call::new3(x, widths);
-    run(&c, w);
-    (c.y, c.y1, c.y2)
+    fn out_features(&self) -> usize {
+        self.shape.out_features
+    }
+    /// The vector and small-M kernels write the parts; the scalar one (`k % 16 != 0`) and rows
+    /// past the vector GEMV's shared row do not.
+    fn splits(&self, k: usize) -> bool {
+        k % 16 == 0 && k <= MAX_SHARED_K
+    }
+    fn decoded(&self, c: &Call<R>) -> Result<(), String> {
+        decoded(c, self)
+    }
+    fn tensor_cores(&self, c: &Call<R>, path: LinearPath) -> bool {
+        super::mma::fp8(c, self, path);
+        true
+    }
+    fn gemv(&self, c: &Call<R>, path: LinearPath) {
+        gemv(c, self, path)
+    }
 }
 
-/// Launches the kernel [`super::plan`] chooses for `c`: the tensor-core paths ([`super::mma`],
-/// [`super::tile`]), the small-M, vector or scalar kernel.
-fn run<R: CubeRuntime>(c: &Call<R>, w: Fp8Weights<CubeBackend<R>>) {
-    let mut path = c.plan(Format::Fp8, 1).path;
-    if path == LinearPath::Decoded {
-        match decoded(c, &w) {
-            Ok(()) => return,
-            Err(e) => {
-                crate::cube::matmul::tiled_refused("FP8 decoded-weight", &e);
-                path = c.plan_without_decoded(Format::Fp8, 1).path;
-            }
-        }
-    }
-    match path {
-        LinearPath::Tiled { .. } | LinearPath::Mma(_) | LinearPath::Gemm => {
-            super::mma::fp8(c, &w, path);
-            return;
-        }
-        _ => {}
-    }
+/// The small-M, vector or scalar GEMV for `c`.
+fn gemv<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, path: LinearPath) {
     let (sa, sb) = c.split_args();
-    let (is, ws) = (f32_buf(w.input_scales), f32_buf(w.weight_scales));
+    let (is, ws) = (
+        f32_buf(w.input_scales.clone()),
+        f32_buf(w.weight_scales.clone()),
+    );
     let hw = hw_decode(&c.x.client);
     if path == LinearPath::SmallM {
         let len = c.slots * c.k;

@@ -8,6 +8,7 @@ pub mod fp8;
 pub mod frag;
 pub mod gemm;
 pub mod grouped;
+pub mod launcher;
 pub mod mma;
 pub mod nvfp4;
 pub mod plan;

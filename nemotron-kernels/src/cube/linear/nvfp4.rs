@@ -10,6 +10,7 @@ use super::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, small_m_count, small_m_rows,
     GEMV_LANES, GEMV_UNITS,
 };
+use super::launcher::Weights;
 use super::plan::{Format, LinearPath};
 use super::{
     byte_at, e2m1, e2m1_quarter, e4m3, epilogue, hw_decode, lane_sum, store3, word_dot,
@@ -17,9 +18,8 @@ use super::{
 };
 use crate::cube::buffers::{arg, with_float};
 use crate::cube::reduce::row_sum;
-use crate::{Epilogue, Nvfp4Weights, Rows};
+use crate::Nvfp4Weights;
 use burn::tensor::f16;
-use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
 
@@ -373,87 +373,52 @@ pub fn nvfp4_small_m_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// Launches the tensor-core path for batches ([`super::mma`]), the expert-major path for routed
-/// batches ([`super::grouped`]),
-/// [`nvfp4_small_m_kernel()`] (plain, 2+ rows), [`nvfp4_gemv_kernel()`] (one row, or routed) or
-/// [`nvfp4_linear_kernel()`] (`in % 32 != 0`) for `x [R, in]`.
-pub fn launch<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    w: Nvfp4Weights<CubeBackend<R>>,
-    rows: Rows<CubeBackend<R>>,
-    epi: Epilogue,
-) -> CubeTensor<R> {
-    let s = w.shape;
-    let c = Call::new(x, rows, s.out_features, epi);
-    let launched = match decoded_or_plan(&c, &w) {
-        None => return c.y,
-        Some(LinearPath::Tiled { .. }) => super::tile::nvfp4(
-            &c,
-            &w,
-            super::mma::sort_min_slots(),
-            super::mma::tuning().tile_shape(),
-        ),
-        Some(LinearPath::Mma(form)) => super::mma::nvfp4(&c, &w, form),
-        Some(LinearPath::ExpertMajor) => super::grouped::launch(&c, &w),
-        Some(path) => {
-            run(&c, &w, path);
-            return c.y;
-        }
-    };
-    // A planned launch that could not be made (a routed call without expert ids): the GEMVs.
-    launched.unwrap_or_else(|| {
-        run(&c, &w, LinearPath::Gemv);
-        c.y
-    })
-}
-
-/// A plain linear into three output tensors of `widths` columns: the vector and small-M kernels
-/// write the parts directly; the scalar kernel (`in % 32 != 0`) writes one output, sliced after.
-pub fn launch3<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    w: Nvfp4Weights<CubeBackend<R>>,
-    widths: [usize; 3],
-) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    if x.meta.shape()[1] % 32 != 0 {
-        return Call::slice3(launch(x, w, Rows::Each, Epilogue::None), widths);
+/// NVFP4 at each tier of [`super::launcher`]: the decoded path (plain rows); the tiled kernel
+/// ([`super::tile`]) or [`super::mma`]'s; the expert-major GEMV ([`super::grouped`], the vector
+/// GEMV where it cannot be launched), the small-M, vector or scalar GEMV.
+impl<R: CubeRuntime> Weights<R> for Nvfp4Weights<CubeBackend<R>> {
+    const FORMAT: Format = Format::Nvfp4;
+    fn experts(&self) -> usize {
+        self.shape.experts
     }
-    let c = Call::new3(x, widths);
-    match decoded_or_plan(&c, &w) {
-        None => {}
-        Some(LinearPath::Tiled { .. }) => {
-            let shape = super::mma::tuning().tile_shape();
-            super::tile::nvfp4(&c, &w, super::mma::sort_min_slots(), shape);
-        }
-        Some(LinearPath::Mma(form)) => {
-            super::mma::nvfp4(&c, &w, form);
-        }
-        Some(path) => run(&c, &w, path),
+    fn out_features(&self) -> usize {
+        self.shape.out_features
     }
-    (c.y, c.y1, c.y2)
-}
-
-/// Runs the decoded path where the plan gives it (`None`: done), else the path to run: the
-/// plan's, or where the decoded path was refused, the plan's without it.
-fn decoded_or_plan<R: CubeRuntime>(
-    c: &Call<R>,
-    w: &Nvfp4Weights<CubeBackend<R>>,
-) -> Option<LinearPath> {
-    let path = c.plan(Format::Nvfp4, w.shape.experts).path;
-    if path != LinearPath::Decoded {
-        return Some(path);
+    /// The vector and small-M kernels write the parts; the scalar one (`k % 32 != 0`) does not.
+    fn splits(&self, k: usize) -> bool {
+        k % 32 == 0
     }
-    match super::decoded::nvfp4(c, w) {
-        Ok(()) => None,
-        Err(e) => {
-            crate::cube::matmul::tiled_refused("NVFP4 decoded-weight", &e);
-            Some(c.plan_without_decoded(Format::Nvfp4, w.shape.experts).path)
+    fn decoded(&self, c: &Call<R>) -> Result<(), String> {
+        super::decoded::nvfp4(c, self)
+    }
+    fn tensor_cores(&self, c: &Call<R>, path: LinearPath) -> bool {
+        match path {
+            LinearPath::Tiled { .. } => super::tile::nvfp4(
+                c,
+                self,
+                super::mma::sort_min_slots(),
+                super::mma::tuning().tile_shape(),
+            )
+            .is_some(),
+            LinearPath::Mma(form) => super::mma::nvfp4(c, self, form).is_some(),
+            _ => false,
         }
+    }
+    fn gemv(&self, c: &Call<R>, path: LinearPath) {
+        if path == LinearPath::ExpertMajor {
+            // A call without expert ids: the vector GEMV.
+            if super::grouped::launch(c, self).is_none() {
+                gemv(c, self, LinearPath::Gemv);
+            }
+            return;
+        }
+        gemv(c, self, path)
     }
 }
 
 /// Launches the small-M, vector (`Gemv`, and the expert-major path's fallback) or scalar kernel
 /// for `c`.
-fn run<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>, path: LinearPath) {
+fn gemv<R: CubeRuntime>(c: &Call<R>, w: &Nvfp4Weights<CubeBackend<R>>, path: LinearPath) {
     let (sa, sb) = c.split_args();
     if path == LinearPath::SmallM {
         let mrows = small_m_rows(c.slots);

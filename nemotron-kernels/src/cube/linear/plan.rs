@@ -1,6 +1,7 @@
 //! Which kernel runs a quantized linear call, and why: one pure function of the call's shape,
 //! whether the device has the tensor-core instruction, and the size settings. The launchers
-//! (`nvfp4::launch`, `fp8::launch`) run the path it returns; nothing else in [`super`] decides.
+//! ([`super::launcher`], over each format's tiers) run the path it returns; nothing else in
+//! [`super`] decides.
 //! Tested on the host (`tests/ops`, `linear_plan`), for both formats at the real shapes.
 //!
 //! Tiers, first that applies:
