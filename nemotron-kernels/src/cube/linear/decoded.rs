@@ -1,7 +1,8 @@
 //! The decoded path of a plain quantized linear ([`super::plan::LinearPath::Decoded`]): the
 //! weights decoded into the activation type, the product on cubek's tiled matmul
-//! ([`crate::cube::matmul::tiled`], f32 accumulation, f32 output), then the per-tensor scales
-//! and the epilogue in one pass (whole, or into three parts):
+//! ([`crate::cube::matmul::tiled`], f32 accumulation; f32 output, or the activation type with
+//! `mmacc=act`), then the per-tensor scales and the epilogue in one pass (whole, or into three
+//! parts):
 //! - FP8: `y = epi((is · ws) · xq · W8ᵀ)`, `xq` the rows quantized to E4M3 values (by the
 //!   caller); every E4M3 value is exact in bf16, f16 and f32.
 //! - NVFP4: `y = epi(gs · x · Wᵀ)` with `W[n, k] = E2M1 · s[n, k / 16]`: a 2-bit significand
@@ -172,8 +173,9 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
     product(c, c.x.clone(), wd, &gs, None)
 }
 
-/// `xs [R, K] · wdᵀ` (`wd [N, K]` read transposed in place) on cubek's tiled matmul into f32,
-/// then the scales, the epilogue and the split store.
+/// `xs [R, K] · wdᵀ` (`wd [N, K]` read transposed in place) on cubek's tiled matmul into f32
+/// (or the activation type: [`matmul::tiled_f32`]), then the scales, the epilogue and the split
+/// store.
 fn product<R: CubeRuntime>(
     c: &Call<R>,
     xs: CubeTensor<R>,

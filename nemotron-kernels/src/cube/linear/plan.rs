@@ -121,7 +121,8 @@ pub enum LinearPath {
     /// The FP8 GEMM with both operands staged in shared memory ([`super::gemm`]): plain rows.
     Gemm,
     /// The weights decoded into the activation type (exact), the product on cubek's tiled
-    /// matmul into f32, the scales and epilogue applied after: plain rows ([`super::decoded`]).
+    /// matmul (f32 accumulation), the scales and epilogue applied after: plain rows
+    /// ([`super::decoded`]).
     Decoded,
     /// The tensor-core kernel of [`super::mma`].
     Mma(MmaForm),
