@@ -829,7 +829,6 @@ pub fn logprob_rows(x: Tensor<2>, tokens: &Tensor<1, Int>, n: usize) -> LogprobR
         stats: out(stats),
         ids: Tensor::from_dispatch(ids),
         values: out(vals),
-        n,
     }
 }
 
@@ -841,7 +840,6 @@ pub struct LogprobRows {
     pub ids: Tensor<2, Int>,
     /// `[R, max(n, 1)]` f32: their logits.
     pub values: Tensor<2>,
-    pub n: usize,
 }
 
 /// `lens[slots[b]] += 1` for the non-pad rows.

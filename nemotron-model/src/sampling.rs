@@ -164,7 +164,7 @@ pub(crate) fn is_plain_greedy(s: &Sampling) -> bool {
 }
 
 /// The most `top_logprobs` a request may ask for (OpenAI's and vLLM's limit).
-pub const MAX_TOP_LOGPROBS: usize = 20;
+pub use nemotron_kernels::MAX_TOP_LOGPROBS;
 
 /// A produced token's log-probability and the `n` most likely tokens' at its position, from the
 /// model's own distribution: the raw log-softmax of the logits row, before the repetition

@@ -178,17 +178,16 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     y
 }
 
-/// `x · wᵀ` on cubek's tiled matmul ([`tiled`], `w` read transposed in place) for bf16/f16
-/// rows from [`super::linear::plan::MmaMin::dense_mm`]; `None` where that does not apply or the
-/// kernel refuses the shape.
+/// `x · wᵀ` on cubek's tiled matmul ([`tiled`], `w` read transposed in place) for rows from
+/// [`super::linear::plan::MmaMin::dense_mm`] whose activations are in the weight's type; `None`
+/// where that does not apply or the kernel refuses the shape.
 fn dense_tiled<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<CubeTensor<R>> {
     type B<R> = CubeBackend<R>;
     let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
     let n = w.meta.shape()[0];
-    if !matches!(w.dtype, DType::BF16 | DType::F16)
-        || m < super::linear::mma::mma().dense_mm
-        || m < TILED_MIN
-    {
+    // Activations in the weight's type only: the router's f32 weight over bf16 activations
+    // keeps the exact kernel (a reordered sum can flip its experts).
+    if x.dtype != w.dtype || m < super::linear::mma::mma().dense_mm || m < TILED_MIN {
         return None;
     }
     let dtype = w.dtype;

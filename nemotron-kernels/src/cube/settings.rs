@@ -110,7 +110,7 @@ impl Settings {
     /// tokens; `max` never); `fuse=on|off` (the decode fusions); `fp8mm=N` (plain FP8 rows
     /// from which the weights are decoded for cubek's tiled matmul; `max` never); `nvfp4mm=N`
     /// (the same for plain NVFP4 rows); `densemm=N`
-    /// (dense bf16 rows from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
+    /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
     /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type). Unknown
     /// keys, bad

@@ -107,17 +107,14 @@ fn rows_invariant_case(arm: &Arm, m: usize, k: usize, n: usize) {
     );
 }
 
-/// Dense bf16/f16 linears on cubek's tiled matmul (`densemm`, every kernel of
-/// [`TiledKernel::ALL`]) against the host: rows past the tiled minimum, ragged against every
-/// tile. Applies to half-precision weights only: an f32 arm says so and checks nothing. A
-/// kernel the device refuses is named (the call ran on the next path, checked above).
+/// Dense linears on cubek's tiled matmul (`densemm`, every kernel of [`TiledKernel::ALL`]),
+/// activations and weights in the arm's type, against the host: rows past the tiled minimum,
+/// ragged against every tile. The unit kernel runs on every device and must never be refused
+/// (on lavapipe it is the only one); a kernel the device refuses is named (the call ran on the
+/// next path, checked above).
 pub fn dense_linear_tiled_matches(arm: &Arm) {
     use nemotron_kernels::cube::plans::matmul::{tiled_refusals, TiledKernel};
     use nemotron_kernels::cube::settings::Settings;
-    if arm.dtype == burn::tensor::DType::F32 {
-        eprintln!("dense_linear_tiled: not run (f32 weights take the exact kernel on this arm)");
-        return;
-    }
     let (href, mut rng) = (Arm::host(), Rng::new(16, arm));
     let saved = Settings::current();
     let mut refused = vec![];

@@ -348,10 +348,9 @@ pub fn fp8_small_m_kernel<F: Float, NX: Size, NW: Size>(
     }
 }
 
-/// The decoded path ([`LinearPath::Decoded`]): the rows quantized here (E4M3 values in the
-/// activation type), the rest in [`super::decoded::fp8`].
-fn decoded<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> Result<(), String> {
-    let is = f32_buf(w.input_scales.clone());
+/// `x` quantized to E4M3 values in the activation type (exact), one launch
+/// ([`fp8_quantize_kernel()`]): the rows the small-M GEMV and the decoded path read.
+fn quantize_rows<R: CubeRuntime>(c: &Call<R>, is: &CubeTensor<R>) -> CubeTensor<R> {
     let len = c.slots * c.k;
     let xq = empty(&c.x, [c.slots, c.k], c.dtype);
     let (count, dim) = elemwise(len);
@@ -362,13 +361,20 @@ fn decoded<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> Resul
                 count,
                 dim,
                 arg(&c.x),
-                arg(&is),
+                arg(is),
                 arg(&xq),
                 len as u32,
             )
         };
     }
     with_float!(c.dtype, quantize);
+    xq
+}
+
+/// The decoded path ([`LinearPath::Decoded`]): the rows quantized here, the rest in
+/// [`super::decoded::fp8`].
+fn decoded<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>) -> Result<(), String> {
+    let xq = quantize_rows(c, &f32_buf(w.input_scales.clone()));
     super::decoded::fp8(c, xq, w)
 }
 
@@ -438,22 +444,11 @@ fn gemv<R: CubeRuntime>(c: &Call<R>, w: &Fp8Weights<CubeBackend<R>>, path: Linea
     );
     let hw = hw_decode(&c.x.client);
     if path == LinearPath::SmallM {
-        let len = c.slots * c.k;
-        let xq = empty(&c.x, [c.slots, c.k], c.dtype);
-        let (count, dim) = elemwise(len);
+        let xq = quantize_rows(c, &is);
         let mrows = small_m_rows(c.slots);
         let plane = plane_reduce(&c.x.client, GEMV_LANES);
         macro_rules! small {
             ($t:ty) => {{
-                fp8_quantize_kernel::launch::<$t, R>(
-                    &c.x.client,
-                    count,
-                    dim,
-                    arg(&c.x),
-                    arg(&is),
-                    arg(&xq),
-                    len as u32,
-                );
                 // Safety: `k % 16 == 0` makes the rows and weight chunks whole vectors; rows of
                 // `x` past `slots` and output rows past `n_out` are clamped and never written.
                 unsafe {

@@ -57,7 +57,8 @@ pub struct MmaMin {
     /// Plain NVFP4 rows from which the weights are decoded (`E2M1 · block scale`, exact in the
     /// activation type) for cubek's tiled matmul ([`LinearPath::Decoded`]).
     pub nvfp4_mm: usize,
-    /// Rows from which a dense bf16/f16 linear runs on cubek's tiled matmul instead of
+    /// Rows from which a dense linear whose activations are in its weight's type runs on
+    /// cubek's tiled matmul instead of
     /// [`super::mma::dense_mma_kernel()`] (`crate::cube::matmul::linear_launch`).
     pub dense_mm: usize,
 }
