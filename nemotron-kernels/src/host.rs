@@ -426,6 +426,30 @@ fn attention_step_qkv<F: HostPrimitive, I: HostPrimitive>(
     )
 }
 
+fn attention_prefill<F: HostPrimitive, I: HostPrimitive>(
+    q: F,
+    kpool: F,
+    vpool: F,
+    seqs: I,
+    heads: usize,
+    scale: f32,
+) -> F {
+    let (q, qshape) = q.floats();
+    let (kp, pshape) = kpool.floats();
+    let (b, t, w) = (qshape[0], qshape[1], qshape[2]);
+    let (kvh, cap, hd) = (pshape[1], pshape[2], pshape[3]);
+    let o = reference::attention_prefill(
+        &q,
+        (b, t, w),
+        &kp,
+        &vpool.floats().0,
+        &seqs.ints(),
+        (heads, kvh, hd, cap),
+        scale,
+    );
+    F::from_data(TensorData::new(o, [b, t, heads * hd]))
+}
+
 fn attention_step<F: HostPrimitive, I: HostPrimitive>(
     q: F,
     k: F,
@@ -793,6 +817,16 @@ macro_rules! host_backend {
                 burn::backend::tensor::FloatTensor<Self>,
             ) {
                 attention_step_qkv(qkv, heads, kpool, vpool, lens, slots, scale)
+            }
+            fn attention_prefill(
+                q: burn::backend::tensor::FloatTensor<Self>,
+                kpool: burn::backend::tensor::FloatTensor<Self>,
+                vpool: burn::backend::tensor::FloatTensor<Self>,
+                seqs: burn::backend::tensor::IntTensor<Self>,
+                heads: usize,
+                scale: f32,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                attention_prefill(q, kpool, vpool, seqs, heads, scale)
             }
             fn argmax_rows(
                 x: burn::backend::tensor::FloatTensor<Self>,

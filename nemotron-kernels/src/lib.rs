@@ -183,6 +183,10 @@ pub struct ScanDims {
 /// `top_logprobs`).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// The largest head dimension [`ops::attention_prefill`] takes on device backends (which also
+/// want a multiple of 8): what the flash kernel stages in shared memory.
+pub const MAX_PREFILL_HEAD_DIM: usize = 128;
+
 /// The ops NemotronH needs beyond Burn's, over backend primitives. Float inputs come in the
 /// activation dtype (f32, bf16 or f16 on device backends; f32 on the host); results are in the
 /// activation dtype unless stated otherwise; the SSM state, router logits and routing weights are
@@ -437,6 +441,23 @@ pub trait NemotronOps: Backend {
         slots: IntTensor<Self>,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// Causal GQA attention of a prompt chunk over its sequences' keys in a pool (flash
+    /// attention: no score matrix in memory): `q` `[B, T, W]`, query head `h` of row `(b, i)` at
+    /// columns `h·D ..` (`W ≥ heads·D`, so a fused `q | k | v` row is read in place); `kpool`,
+    /// `vpool` `[S, KVH, cap, D]` already holding the chunk's keys after the sequence's earlier
+    /// ones; `seqs` `[B, 3]` I32: slot, keys before the chunk (`past`), chunk length (`len ≤ T`,
+    /// `past + len ≤ cap`). Row `i < len` attends keys `0 ..= past + i` (query head `h` the kv
+    /// head `h / (heads / KVH)`), scores, softmax and sums in f32; rows `i ≥ len` are zeros.
+    /// Returns `[B, T, heads·D]`.
+    fn attention_prefill(
+        q: FloatTensor<Self>,
+        kpool: FloatTensor<Self>,
+        vpool: FloatTensor<Self>,
+        seqs: IntTensor<Self>,
+        heads: usize,
+        scale: f32,
+    ) -> FloatTensor<Self>;
 
     /// [`Self::attention_step`] with `q | k | v` as one projection row per token: `qkv`
     /// `[B, (heads + 2·KVH)·D]` (the layout of a fused q/k/v linear), read in place on device

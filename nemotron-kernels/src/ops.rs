@@ -759,6 +759,77 @@ pub fn attention_step_qkv(
     (out(o), out(kp), out(vp))
 }
 
+/// Causal GQA prefill attention of a prompt chunk over key pools, in one launch (flash
+/// attention: no `[heads, T, S]` scores in memory): `q` `[B, T, W]` with query head `h` of a row
+/// at columns `h·D ..` (`W ≥ heads·D`: a fused `q | k | v` projection is read in place); `kpool`,
+/// `vpool` `[S, KVH, cap, D]` holding, for row `b`, the sequence's keys at positions
+/// `0 .. past[b] + lens[b]` of slot `slots[b]` (the chunk's own keys already written). Row
+/// `i < lens[b]` attends keys `0 ..= past[b] + i`; rows past the length are zeros. Returns
+/// `[B, T, heads·D]`. Device backends take head dims that [`attention_prefill_fits`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_prefill(
+    q: Tensor<3>,
+    kpool: Tensor<4>,
+    vpool: Tensor<4>,
+    slots: &[usize],
+    past: &[usize],
+    lens: &[usize],
+    heads: usize,
+    scale: f32,
+) -> Tensor<3> {
+    let [b, t, w] = q.dims();
+    let [s, kvh, cap, hd] = kpool.dims();
+    assert!(
+        kvh > 0 && heads % kvh == 0 && w >= heads * hd,
+        "attention_prefill: q [{b}, {t}, {w}] for {heads} heads, pool [{s}, {kvh}, {cap}, {hd}]"
+    );
+    assert_eq!(
+        vpool.dims(),
+        kpool.dims(),
+        "attention_prefill: V pool shape"
+    );
+    assert!(
+        slots.len() == b && past.len() == b && lens.len() == b,
+        "attention_prefill: {b} rows, {} slots, {} pasts, {} lengths",
+        slots.len(),
+        past.len(),
+        lens.len()
+    );
+    let mut seqs = Vec::with_capacity(3 * b);
+    for r in 0..b {
+        assert!(
+            slots[r] < s && lens[r] <= t && past[r] + lens[r] <= cap,
+            "attention_prefill: row {r}: slot {} of {s}, {} + {} keys, T {t}, cap {cap}",
+            slots[r],
+            past[r],
+            lens[r]
+        );
+        seqs.extend([slots[r], past[r], lens[r]].map(|v| v as i64));
+    }
+    let dev = q.device();
+    let seqs = Tensor::<2, Int>::from_data(TensorData::new(seqs, [b, 3]), &dev);
+    out(<D as NemotronOps>::attention_prefill(
+        q.into_dispatch(),
+        kpool.into_dispatch(),
+        vpool.into_dispatch(),
+        seqs.into_dispatch(),
+        heads,
+        scale,
+    ))
+}
+
+/// Whether [`attention_prefill`] takes heads of `head_dim` on `device`: any on the host; on
+/// device backends a multiple of 8 up to [`crate::MAX_PREFILL_HEAD_DIM`] whose tiles fit the
+/// device's shared memory.
+pub fn attention_prefill_fits(device: &Device, head_dim: usize) -> bool {
+    #[cfg(feature = "cube")]
+    if let Some(max) = crate::cube::max_shared_memory(device) {
+        return crate::cube::plans::attention::flash_keys_per_tile(max, head_dim).is_some();
+    }
+    let _ = (device, head_dim);
+    true
+}
+
 /// GQA attention for one token per row over slot KV caches (appends `k`, `v` at each slot's
 /// length; the lengths are not advanced): `q` `[B, NH, D]`, `k`/`v` `[B, KVH, D]`, pools
 /// `[S, KVH, cap, D]`, `lens` `[S]`.

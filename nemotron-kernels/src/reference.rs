@@ -557,6 +557,58 @@ pub fn attention_step(
     o
 }
 
+/// Causal GQA prefill attention over a key pool (see [`crate::NemotronOps::attention_prefill`]):
+/// `q` `[B, T, W]` (head `h` at columns `h·D ..`), pools `[S, KVH, cap, D]`, `seqs` `[B, 3]`
+/// (slot, keys before the chunk, chunk length). Two passes per row (the maximum, then the
+/// normalized sum), no tiling. Rows past a chunk's length are zeros.
+pub fn attention_prefill(
+    q: &[f32],
+    (b, t, w): (usize, usize, usize),
+    kpool: &[f32],
+    vpool: &[f32],
+    seqs: &[i64],
+    (nh, kvh, hd, cap): (usize, usize, usize, usize),
+    scale: f32,
+) -> Vec<f32> {
+    let mut o = vec![0f32; b * t * nh * hd];
+    let rep = nh / kvh;
+    for bi in 0..b {
+        let (slot, past, len) = (
+            seqs[bi * 3] as usize,
+            seqs[bi * 3 + 1] as usize,
+            seqs[bi * 3 + 2] as usize,
+        );
+        assert!(
+            len <= t && past + len <= cap,
+            "sequence {bi}: {past} + {len} keys, T {t}, cap {cap}"
+        );
+        for i in 0..len {
+            for h in 0..nh {
+                let g = h / rep;
+                let qv = &q[(bi * t + i) * w + h * hd..][..hd];
+                let key = |j: usize| ((slot * kvh + g) * cap + j) * hd;
+                let scores: Vec<f32> = (0..=past + i)
+                    .map(|j| {
+                        let kj = &kpool[key(j)..][..hd];
+                        qv.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale
+                    })
+                    .collect();
+                let m = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f32> = scores.iter().map(|&x| (x - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                let out = &mut o[((bi * t + i) * nh + h) * hd..][..hd];
+                for (j, p) in e.iter().enumerate() {
+                    let vj = &vpool[key(j)..][..hd];
+                    for (od, vd) in out.iter_mut().zip(vj) {
+                        *od += p / z * vd;
+                    }
+                }
+            }
+        }
+    }
+    o
+}
+
 /// Each `cols`-wide row's arg-max, the lowest index on ties (NaN never wins: a row of NaN gives 0).
 pub fn argmax_rows(x: &[f32], cols: usize) -> Vec<i32> {
     x.chunks(cols)

@@ -342,6 +342,17 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         attention::decode::launch_fused(qkv, heads, kpool, vpool, lens, slots, scale)
     }
 
+    fn attention_prefill(
+        q: T<R>,
+        kpool: T<R>,
+        vpool: T<R>,
+        seqs: T<R>,
+        heads: usize,
+        scale: f32,
+    ) -> T<R> {
+        attention::flash::launch(q, kpool, vpool, seqs, heads, scale)
+    }
+
     fn argmax_rows(x: T<R>) -> T<R> {
         argmax::launch(x)
     }
@@ -364,6 +375,27 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
 
     fn write_slots(pool: T<R>, src: T<R>, slots: T<R>, rot: T<R>, width: usize) -> T<R> {
         slots::write_many_launch(pool, src, slots, rot, width)
+    }
+}
+
+/// Shared memory per cube (bytes) of a CubeCL device, `None` on other devices.
+pub fn max_shared_memory(device: &burn::tensor::Device) -> Option<usize> {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    use cubecl::Runtime;
+    match device.as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(d) => Some(attention::flash::max_shared(
+            &cubecl::cuda::CudaRuntime::client(d),
+        )),
+        #[cfg(feature = "wgpu")]
+        DispatchDevice::Wgpu(d) => {
+            Some(attention::flash::max_shared(&cubecl::wgpu::WgpuRuntime::<
+                cubecl::wgpu::AutoCompiler,
+            >::client(d)))
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
     }
 }
 

@@ -33,9 +33,13 @@ pub mod linear {
     };
 }
 
-/// Decode attention's form (split, GQA, …).
+/// Decode attention's form (split, GQA, …); the prefill kernel's key tile.
 pub mod attention {
     pub use crate::cube::attention::decode::{form, plan, set_form, AttnForm};
+    pub use crate::cube::attention::flash::{
+        keys_per_tile as flash_keys_per_tile, shared_bytes as flash_shared_bytes, FLASH_KEYS,
+        FLASH_ROWS,
+    };
 }
 
 /// The selective scan's form (register scan, row pairs, chunked over time).

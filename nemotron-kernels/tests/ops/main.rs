@@ -14,6 +14,7 @@
 #![cfg(feature = "cube")]
 
 mod argmax;
+mod attention;
 mod linear;
 mod mamba;
 mod matmul;
@@ -143,6 +144,33 @@ pub fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
         );
     }
     assert!(d <= rel * scale, "{name}: max |Δ| {d} > {rel} × {scale}");
+}
+
+/// The prefill attention kernel's key tile from the device's shared memory: 32 keys where they
+/// fit (CUDA's 48 KiB), 16 on lavapipe's 32 KiB at `D = 128` (the 32-key cube needs 36.6 KiB:
+/// launched anyway it wrote nothing there), a refusal where even 16 do not fit or the head
+/// dimension is not a multiple of 8 up to 128 (host arithmetic).
+#[test]
+fn flash_key_tile_fits_shared_memory() {
+    use nemotron_kernels::cube::plans::attention::{flash_keys_per_tile, flash_shared_bytes};
+    assert_eq!(flash_keys_per_tile(48 * 1024, 128), Some(32));
+    assert_eq!(flash_keys_per_tile(32 * 1024, 128), Some(16));
+    assert_eq!(flash_keys_per_tile(32 * 1024, 64), Some(32));
+    assert_eq!(flash_keys_per_tile(16 * 1024, 128), None);
+    for d in [0, 12, 136, 256] {
+        assert_eq!(flash_keys_per_tile(1 << 20, d), None, "head dim {d}");
+    }
+    for (bc, d) in [(32, 128), (16, 128), (32, 8)] {
+        let max = flash_shared_bytes(bc, d);
+        assert_eq!(
+            flash_keys_per_tile(max, d),
+            Some(bc),
+            "{bc} keys of {d} in {max} bytes"
+        );
+        if bc == 32 {
+            assert_ne!(flash_keys_per_tile(max - 1, d), Some(32));
+        }
+    }
 }
 
 /// Launch grids past the device limits (65,535 cubes on a dimension): the folds cover every
@@ -734,6 +762,7 @@ arms! {
     ssm_step => slots::ssm_step_matches,
     conv_ssm_step => slots::conv_ssm_step_matches,
     attention_step => slots::attention_step_matches,
+    attention_prefill => attention::attention_prefill_matches,
     advance_and_write_slot => slots::advance_and_write_slot_match,
     write_slots => slots::write_slots_match,
 }

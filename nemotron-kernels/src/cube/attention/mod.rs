@@ -1,9 +1,9 @@
 //! Attention kernels. Decode over a slot's KV cache: the form's choice and launchers
 //! ([`decode`]), one file per form's kernels ([`gqa`], [`split`], [`unfused`]) and the merge
-//! they share ([`merge`]). Prefill attention stays composed of Burn ops and the exact matmul
-//! until the flash-attention kernel of the prefill issue.
+//! they share ([`merge`]). Prefill over a prompt chunk: [`flash`].
 
 pub mod decode;
+pub mod flash;
 pub mod gqa;
 pub mod merge;
 pub mod split;
