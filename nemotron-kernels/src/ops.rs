@@ -830,6 +830,17 @@ pub fn attention_prefill_fits(device: &Device, head_dim: usize) -> bool {
     true
 }
 
+/// Whether a model's prefill attention takes [`attention_prefill`] on `device`: where it
+/// [fits](attention_prefill_fits), unless a device backend's `flash=off` setting asks for the
+/// composed ops (the host always takes it: its reference has no tiles to fit).
+pub fn attention_prefill_planned(device: &Device, head_dim: usize) -> bool {
+    #[cfg(feature = "cube")]
+    if crate::cube::is_cube(device) && !crate::cube::plans::attention::flash() {
+        return false;
+    }
+    attention_prefill_fits(device, head_dim)
+}
+
 /// GQA attention for one token per row over slot KV caches (appends `k`, `v` at each slot's
 /// length; the lengths are not advanced): `q` `[B, NH, D]`, `k`/`v` `[B, KVH, D]`, pools
 /// `[S, KVH, cap, D]`, `lens` `[S]`.

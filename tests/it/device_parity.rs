@@ -289,6 +289,20 @@ mod wgpu {
         );
         set_prefill_kernels(PrefillKernels::Auto);
     }
+    /// The fixtures with prefill attention composed of Burn ops, the scores in memory
+    /// (`flash=off`; the flash kernel is the default and runs in every other test here).
+    #[test]
+    fn wgpu_f32_matches_hf_composed_attention() {
+        use nemotron::kernels::cube::plans::attention::set_flash;
+        set_flash(false);
+        super::hf_fixtures_match(
+            &dev(),
+            DType::F32,
+            Band::Rel(F32_BAND),
+            Band::Abs(W8A8_BAND),
+        );
+        set_flash(true);
+    }
     #[test]
     fn wgpu_f32_band_is_armed() {
         super::band_is_armed(&dev(), DType::F32, Band::Rel(F32_BAND), super::dt_clamp());

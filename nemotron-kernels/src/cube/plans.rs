@@ -37,8 +37,8 @@ pub mod linear {
 pub mod attention {
     pub use crate::cube::attention::decode::{form, plan, set_form, AttnForm};
     pub use crate::cube::attention::flash::{
-        keys_per_tile as flash_keys_per_tile, shared_bytes as flash_shared_bytes, FLASH_KEYS,
-        FLASH_ROWS,
+        flash, keys_per_tile as flash_keys_per_tile, set_flash, shared_bytes as flash_shared_bytes,
+        FLASH_KEYS, FLASH_ROWS,
     };
 }
 

@@ -5,6 +5,7 @@
 //! [`super::tuning`]'s.)
 
 use super::attention::decode::{self, AttnForm};
+use super::attention::flash;
 use super::linear::mma::{self, MmaMin, MmaTuning};
 use super::mamba::{scan, ssd};
 use super::matmul::{self, TiledKernel};
@@ -33,6 +34,8 @@ pub struct Settings {
     pub tiled: TiledKernel,
     /// Whether the decoded path's products come out in f32 ([`matmul::set_tiled_f32`]).
     pub tiled_f32: bool,
+    /// Whether prefill attention runs the flash kernel ([`flash::set_flash`]).
+    pub flash: bool,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             scan_ssd_min: ssd::SSD_MIN_TOKENS,
             tiled: TiledKernel::SimpleCmma,
             tiled_f32: true,
+            flash: true,
         }
     }
 }
@@ -67,6 +71,7 @@ impl Settings {
             scan_ssd_min: ssd::ssd_min(),
             tiled: matmul::tiled_kernel(),
             tiled_f32: matmul::tiled_f32(),
+            flash: flash::flash(),
         }
     }
 
@@ -83,6 +88,7 @@ impl Settings {
         ssd::set_ssd_min(self.scan_ssd_min);
         matmul::set_tiled_kernel(self.tiled);
         matmul::set_tiled_f32(self.tiled_f32);
+        flash::set_flash(self.flash);
         Ok(())
     }
 
@@ -107,7 +113,8 @@ impl Settings {
     /// state rows from N state rows); `scanchunk=N` (steps per chunk where the scan chunks
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
     /// never); `scanssd=N` (a bf16 scan on tensor cores in the chunked matrix form from N prompt
-    /// tokens; `max` never); `fuse=on|off` (the decode fusions); `fp8mm=N` (plain FP8 rows
+    /// tokens; `max` never); `fuse=on|off` (the decode fusions); `flash=on|off` (prefill attention
+    /// in the flash kernel, or composed of Burn ops with the scores in memory); `fp8mm=N` (plain FP8 rows
     /// from which the weights are decoded for cubek's tiled matmul; `max` never); `nvfp4mm=N`
     /// (the same for plain NVFP4 rows); `densemm=N`
     /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
@@ -207,6 +214,7 @@ impl Settings {
                 }
                 "bdec" => s.tune.bf16_decode = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,
+                "flash" => s.flash = on_off(k, v)?,
                 "attn" => {
                     s.attn = match v {
                         "gqa" => AttnForm::Gqa,

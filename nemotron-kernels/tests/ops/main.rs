@@ -631,6 +631,10 @@ fn settings_parse_each_key_into_its_field() {
         nemotron_kernels::cube::plans::matmul::TiledKernel::Ordered
     );
     assert!(mm.tiled_f32 && !Settings::parse("mmacc=act").unwrap().tiled_f32);
+    assert!(d.flash && mm.flash && !Settings::parse("flash=off").unwrap().flash);
+    assert!(Settings::parse("flash=maybe")
+        .unwrap_err()
+        .contains("flash"));
     assert!(Settings::parse("mmacc=f16").unwrap_err().contains("mmacc"));
     let e = Settings::parse("mmk=fast").unwrap_err();
     assert!(e.contains("mmk") && e.contains("spectma"), "{e}");

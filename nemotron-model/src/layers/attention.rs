@@ -156,27 +156,36 @@ impl Attention {
         let dev = h.device();
         let dtype = h.dtype();
         let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let (q, k, v) = match &self.qkv {
+        // `rows`: what the flash kernel reads the queries from (a fused row in place).
+        let (q, k, v, rows) = match &self.qkv {
             Qkv::Fused(w) => {
                 let y = w.forward(h, Epilogue::None);
                 let (a, b) = (nh * hd, (nh + kvh) * hd);
                 (
                     y.clone().slice_dim(2, 0..a),
                     y.clone().slice_dim(2, a..b),
-                    y.slice_dim(2, b..b + kvh * hd),
+                    y.clone().slice_dim(2, b..b + kvh * hd),
+                    y,
                 )
             }
-            Qkv::Separate { q, k, v } => (
-                q.forward(h.clone(), Epilogue::None),
-                k.forward(h.clone(), Epilogue::None),
-                v.forward(h, Epilogue::None),
-            ),
+            Qkv::Separate { q, k, v } => {
+                let q = q.forward(h.clone(), Epilogue::None);
+                (
+                    q.clone(),
+                    k.forward(h.clone(), Epilogue::None),
+                    v.forward(h, Epilogue::None),
+                    q,
+                )
+            }
         };
         let scale = (hd as f64).powf(-0.5);
         let fresh = states.iter().all(|st| {
             st.position == 0
                 && matches!(st.layers[layer], LayerState::Attention { k: None, v: None })
         });
+        if self.rope_theta.is_none() && ops::attention_prefill_planned(&dev, hd) {
+            return self.forward_flash(rows, k, v, lens, states, layer, fresh);
+        }
         if fresh && self.rope_theta.is_none() && bsz > 1 && bsz * nh * t * t <= FRESH_MAX_SCORES {
             let (o, k, v) = self.forward_fresh(q, k, v, lens, states, layer);
             return (o, Some(BatchLayer::Attention { k, v }));
@@ -247,6 +256,97 @@ impl Attention {
                 o
             };
             outs.push(o);
+        }
+        (
+            self.o.forward(crate::util::stack(outs), Epilogue::None),
+            None,
+        )
+    }
+
+    /// Prefill attention through [`ops::attention_prefill`] (the flash kernel on device backends:
+    /// no `[heads, T, S]` scores in memory): the queries read from `rows` (`[B, T, W]`, query
+    /// head `h` at columns `h·D ..`) in place. Fresh sequences (no keys yet) attend over the
+    /// batch's own keys `[B, KVH, T, D]` in one launch, which also come back for the slots;
+    /// sequences with keys append theirs and run one launch each over their whole keys.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_flash(
+        &self,
+        rows: Tensor<3>,
+        k: Tensor<3>,
+        v: Tensor<3>,
+        lens: &[usize],
+        states: &mut [&mut SequenceState],
+        layer: usize,
+        fresh: bool,
+    ) -> (Tensor<3>, Option<BatchLayer>) {
+        let [bsz, t, _] = rows.dims();
+        let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        // [B, T, KVH·D] → [B, KVH, T, D], dense: the kernel's pool and the states' source.
+        let heads_major = |x: Tensor<3>| -> Tensor<4> {
+            ops::contiguous(x.reshape([bsz, t, kvh, hd]).swap_dims(1, 2))
+        };
+        let (kh, vh) = (heads_major(k), heads_major(v));
+        if fresh {
+            for (b, st) in states.iter_mut().enumerate() {
+                let one = |x: &Tensor<4>| -> Tensor<3> {
+                    x.clone()
+                        .slice_dim(0, b..b + 1)
+                        .slice_dim(2, 0..lens[b])
+                        .reshape([kvh, lens[b], hd])
+                };
+                st.layers[layer] = LayerState::Attention {
+                    k: Some(one(&kh)),
+                    v: Some(one(&vh)),
+                };
+            }
+            let slots: Vec<usize> = (0..bsz).collect();
+            let o = ops::attention_prefill(
+                rows,
+                kh.clone(),
+                vh.clone(),
+                &slots,
+                &vec![0; bsz],
+                lens,
+                nh,
+                scale,
+            );
+            let out = self.o.forward(o, Epilogue::None);
+            return (out, Some(BatchLayer::Attention { k: kh, v: vh }));
+        }
+        let mut outs = Vec::with_capacity(bsz);
+        for (b, st) in states.iter_mut().enumerate() {
+            let (len, past) = (lens[b], st.position);
+            let LayerState::Attention { k: kc, v: vc } = &mut st.layers[layer] else {
+                panic!("layer {layer} holds no attention state")
+            };
+            let mine = |x: &Tensor<4>| -> Tensor<3> {
+                x.clone()
+                    .slice_dim(0, b..b + 1)
+                    .slice_dim(2, 0..len)
+                    .reshape([kvh, len, hd])
+            };
+            let kall = match kc.take() {
+                Some(prev) => Tensor::cat(vec![prev, mine(&kh)], 1),
+                None => mine(&kh),
+            };
+            let vall = match vc.take() {
+                Some(prev) => Tensor::cat(vec![prev, mine(&vh)], 1),
+                None => mine(&vh),
+            };
+            *kc = Some(kall.clone());
+            *vc = Some(vall.clone());
+            let o = ops::attention_prefill(
+                rows.clone().slice_dim(0, b..b + 1),
+                kall.unsqueeze_dim(0),
+                vall.unsqueeze_dim(0),
+                &[0],
+                &[past],
+                &[len],
+                nh,
+                scale,
+            );
+            outs.push(o.reshape([t, nh * hd]));
         }
         (
             self.o.forward(crate::util::stack(outs), Epilogue::None),

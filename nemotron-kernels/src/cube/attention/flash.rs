@@ -32,6 +32,19 @@ pub const FLASH_ROWS: usize = 32;
 pub const FLASH_KEYS: usize = 32;
 /// Units per cube.
 pub const FLASH_UNITS: usize = 128;
+static FLASH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether the model's prefill attention runs this kernel (default on; off: the composed Burn
+/// ops with the `[heads, T, S]` scores in memory, for comparisons). Process-wide.
+pub fn set_flash(on: bool) {
+    FLASH.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The current value of [`set_flash`].
+pub fn flash() -> bool {
+    FLASH.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Shared memory (bytes) of a cube with `bc` keys per tile and heads of `d`.
 pub fn shared_bytes(bc: usize, d: usize) -> usize {
     4 * (FLASH_ROWS * (d + 1) + bc * (d + 1) + FLASH_ROWS * (bc + 1) + 3 * FLASH_ROWS)
