@@ -1,9 +1,11 @@
 //! Writes the logits other tools compare against:
 //!
 //! `cargo run --release --example parity -- --model DIR --prompt-ids 3,5,7 [--force-ids 9,11,13]
-//!  --out FILE.safetensors [--backend flex] [--dtype f32] [--decode-path ragged|slots]`
+//!  --out FILE.safetensors [--backend flex] [--dtype f32] [--decode-path ragged|slots]
+//!  [--prefill-chunk N]`
 //!
-//! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt) and
+//! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt, or with
+//! `--prefill-chunk N` one per piece of N tokens with the state carried between them) and
 //! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
 //! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache —
 //! the ragged forward's (`--decode-path ragged`, the default: what `generate` uses) or the
@@ -45,6 +47,9 @@ struct Args {
     /// routing slot, sorted on the device, where it exists: bf16 on CUDA)
     #[arg(long, default_value = "auto")]
     prefill_kernels: String,
+    /// Prefill the prompt in pieces of N tokens, the state carried between them (0: one piece)
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
 }
 
 struct F32s(Vec<f32>, Vec<usize>);
@@ -134,7 +139,7 @@ fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
     let t = a.prompt_ids.len();
     let mut s = m.new_state();
     let prefill = host(
-        m.forward_one(&a.prompt_ids, &mut s)
+        m.forward_one_chunked(&a.prompt_ids, &mut s, a.prefill_chunk)
             .map_err(|e| e.to_string())?,
     );
 
@@ -148,7 +153,7 @@ fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
     if n > 0 {
         let mut s = m.new_state();
         let first = m
-            .forward_one(&a.prompt_ids, &mut s)
+            .forward_one_chunked(&a.prompt_ids, &mut s, a.prefill_chunk)
             .map_err(|e| e.to_string())?;
         decode.extend(nemotron::model::generate::last_row(first));
         if slots {

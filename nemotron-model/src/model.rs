@@ -382,6 +382,25 @@ impl NemotronH {
         (x, kept)
     }
 
+    /// [`Self::forward_one`] in pieces of `chunk` tokens (0: one piece), the conv, SSM and KV
+    /// state carried from piece to piece: the logits of the whole prompt `[T, vocab]`, equal to
+    /// one forward's within the arms' rounding, with the activations of one piece at a time.
+    pub fn forward_one_chunked(
+        &self,
+        tokens: &[u32],
+        state: &mut SequenceState,
+        chunk: usize,
+    ) -> Result<Tensor<2>, ModelError> {
+        if chunk == 0 || chunk >= tokens.len() {
+            return self.forward_one(tokens, state);
+        }
+        let mut pieces = Vec::with_capacity(tokens.len().div_ceil(chunk));
+        for piece in tokens.chunks(chunk) {
+            pieces.push(self.forward_one(piece, state)?);
+        }
+        Ok(Tensor::cat(pieces, 0))
+    }
+
     /// Logits of one sequence: `[T, vocab]` for its new tokens.
     pub fn forward_one(
         &self,

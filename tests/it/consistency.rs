@@ -32,6 +32,41 @@ fn decode_equals_prefill_over_220_tokens() {
     assert_eq!(full.len(), 220 * v);
 }
 
+/// Chunked prefill: a 90-token prompt in pieces of 1, 3, 7 (not dividing it) and 64 tokens, the
+/// state carried between them, gives the one-shot prefill's logits at every position within the
+/// f32 band (seen red with the flash kernel's prefix length one short).
+fn chunked_prefill_equals_one_shot(dev: burn::tensor::Device) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 11);
+    let m = nemotron::model::NemotronH::load_as(dir.path(), &dev, burn::tensor::DType::F32)
+        .expect("tiny model loads");
+    let toks = ids(90, m.config().vocab_size, 12);
+    let full = rows(m.forward_one(&toks, &mut m.new_state()).unwrap());
+    for chunk in [1, 3, 7, 64] {
+        let mut s = m.new_state();
+        let got = rows(m.forward_one_chunked(&toks, &mut s, chunk).unwrap());
+        assert_eq!(s.position, 90, "chunk {chunk}");
+        let (d, scale) = diff(&got, &full);
+        eprintln!("chunks of {chunk}: max |Δ| = {d:e} at logit scale {scale}");
+        assert!(
+            d <= BAND * scale,
+            "chunks of {chunk}: max |Δ| {d} > {BAND} · {scale}"
+        );
+    }
+}
+
+#[test]
+fn host_chunked_prefill_equals_one_shot() {
+    chunked_prefill_equals_one_shot(host());
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_chunked_prefill_equals_one_shot() {
+    chunked_prefill_equals_one_shot(burn::tensor::Device::wgpu(
+        burn::tensor::DeviceKind::DefaultDevice,
+    ));
+}
+
 #[test]
 fn ragged_batch_equals_single() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 6);

@@ -26,6 +26,8 @@
 #   pBcmp S      pNcmp at 8, 16 and 64 x 128 (8 x 128: the rows of a 1K prompt)
 #   pBs S        pBcmp on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step
+#   p1s S        engine prefill of 1 x 1,024 and 8,192 tokens on the in-memory weights, once per
+#                --mma-min setting of the ;-separated S
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -145,6 +147,12 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 \
+          --no-hf "${margs[@]}" ;;
+    p1s)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 \
           --no-hf "${margs[@]}" ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
