@@ -53,6 +53,12 @@ struct Args {
     max_batch: Option<usize>,
     #[arg(long, default_value = "on")]
     graphs: String,
+    /// The in-process server's step token budget (`serve --step-tokens`; 0: no limit).
+    #[arg(long, default_value_t = 0)]
+    step_tokens: usize,
+    /// The in-process server's prompt piece per step (`serve --prefill-chunk`; 0: no limit).
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
 }
 
 #[derive(Default)]
@@ -96,6 +102,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             if !matches!(host, "127.0.0.1" | "localhost" | "[") {
                 return Err(format!("--url {u}: loopback only (127.0.0.1 / localhost)").into());
             }
+            if a.step_tokens != 0 || a.prefill_chunk != 0 {
+                return Err(
+                    "--step-tokens and --prefill-chunk size the in-process server: not with --url \
+                     (give them to that server's serve)"
+                        .into(),
+                );
+            }
             u.trim_end_matches('/').to_string()
         }
         None => {
@@ -116,6 +129,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             o.max_batch = a.max_batch.unwrap_or(max_clients);
             o.max_queue = max_clients * 2;
             o.context_length = a.context_length;
+            o.step_tokens = a.step_tokens;
+            o.prefill_chunk = a.prefill_chunk;
             o.graphs = match a.graphs.as_str() {
                 "on" => true,
                 "off" => false,

@@ -51,6 +51,14 @@ struct Args {
     /// Replay captured decode steps (CUDA): on | off.
     #[arg(long, default_value = "on")]
     graphs: String,
+    /// Tokens one engine step runs at most, decode rows first, then pieces of prompts (vLLM's
+    /// --max-num-batched-tokens; 0: no limit). Must exceed --max-batch.
+    #[arg(long, default_value_t = 0)]
+    step_tokens: usize,
+    /// The most tokens of one prompt a step prefills (0: no limit); longer prompts are admitted
+    /// over several steps while running streams keep decoding.
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
     /// flex | ndarray | cuda | wgpu
     #[arg(long, default_value = "flex")]
     backend: String,
@@ -99,6 +107,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     o.max_queue = a.max_queue;
     o.context_length = a.context_length;
     o.graphs = graphs;
+    o.step_tokens = a.step_tokens;
+    o.prefill_chunk = a.prefill_chunk;
     let pb = if std::io::stderr().is_terminal() {
         let pb = ProgressBar::new(0);
         pb.set_style(

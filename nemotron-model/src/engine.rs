@@ -20,7 +20,7 @@ use crate::request::{needed_context, GenerateOptions, Generation, Sequence, Stop
 use crate::runner::Runner;
 use crate::sampling::TokenLogprobs;
 use crate::scheduler::{Running, Scheduler};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Int, Tensor, TensorData};
 
 pub use crate::scheduler::RequestId;
 
@@ -36,6 +36,15 @@ pub struct EngineOptions {
     pub graphs: bool,
     /// Padded batch sizes: a live batch runs at the next one up (empty: exactly its size).
     pub batch_sizes: Vec<usize>,
+    /// Tokens one step runs at most: the running sequences' decode rows first, then pieces of
+    /// prompts (vLLM's `--max-num-batched-tokens`). 0: no limit — every prompt admitted is
+    /// prefilled whole in the step that admits it. Otherwise more than `max_batch`, so a step
+    /// always has room for a piece.
+    pub step_tokens: usize,
+    /// The most tokens of one prompt a step prefills (0: no limit). A longer prompt runs over
+    /// several steps, its state carried between them, while the running sequences keep
+    /// decoding; its first token comes with its last piece.
+    pub prefill_chunk: usize,
 }
 
 impl EngineOptions {
@@ -52,6 +61,8 @@ impl EngineOptions {
             capacity,
             graphs: true,
             batch_sizes,
+            step_tokens: 0,
+            prefill_chunk: 0,
         }
     }
 }
@@ -82,6 +93,13 @@ impl<'m> Engine<'m> {
     pub fn new(model: &'m NemotronH, mut opts: EngineOptions) -> Result<Self, ModelError> {
         if opts.max_batch == 0 {
             return Err(ModelError::Input("max_batch must be at least 1".into()));
+        }
+        if opts.step_tokens != 0 && opts.step_tokens <= opts.max_batch {
+            return Err(ModelError::Input(format!(
+                "step_tokens {} must exceed max_batch {} (the decode rows come first) or be 0 \
+                 (no limit)",
+                opts.step_tokens, opts.max_batch
+            )));
         }
         opts.batch_sizes.retain(|&b| b >= 1 && b <= opts.max_batch);
         opts.batch_sizes.sort_unstable();
@@ -150,11 +168,29 @@ impl<'m> Engine<'m> {
         self.sched.running()
     }
 
-    /// Drops a request wherever it is: out of the queue, or out of its slot (which the next
-    /// admission reuses; a slot's state is overwritten when it is loaded). Returns whether the
-    /// request was still live. No event is produced for it.
+    /// Requests holding a slot whose prompt is part-way through a chunked prefill.
+    pub fn prefilling(&self) -> usize {
+        self.sched.prefilling()
+    }
+
+    /// Drops a request wherever it is: out of the queue, out of a prefill part-way through, or
+    /// out of its slot (which the next admission reuses; a slot's state is overwritten when it
+    /// is loaded). Returns whether the request was still live. No event is produced for it.
     pub fn cancel(&mut self, id: RequestId) -> bool {
-        self.sched.cancel(id)
+        match self.sched.cancel(id) {
+            Some(Some(slot)) => {
+                self.runner.drop_partial(slot);
+                true
+            }
+            Some(None) => true,
+            None => false,
+        }
+    }
+
+    /// Whether steps run under a token budget ([`EngineOptions::step_tokens`],
+    /// [`EngineOptions::prefill_chunk`]).
+    fn chunked(&self) -> bool {
+        self.opts.step_tokens != 0 || self.opts.prefill_chunk != 0
     }
 
     /// Whether nothing is waiting or running.
@@ -164,7 +200,25 @@ impl<'m> Engine<'m> {
 
     /// Admits waiting requests into free slots, then decodes one token for every running
     /// sequence. Returns this step's events, in admission order then slot-row order.
+    ///
+    /// Under a token budget ([`EngineOptions::step_tokens`], [`EngineOptions::prefill_chunk`])
+    /// the running sequences decode first, then the step's pieces of prompts run in one ragged
+    /// forward: prompts part-way through first, then new requests while free slots and budget
+    /// last. A prompt's first token comes with its last piece.
     pub fn step(&mut self) -> Result<Vec<Event>, ModelError> {
+        if self.chunked() {
+            let mut events = vec![];
+            let decoding = self.sched.running();
+            if decoding > 0 {
+                events.extend(self.decode()?);
+            }
+            let budget = match self.opts.step_tokens {
+                0 => usize::MAX,
+                n => n - decoding,
+            };
+            events.extend(self.prefill_pieces(budget)?);
+            return Ok(events);
+        }
         let mut events = self.admit()?;
         if self.sched.running() > 0 {
             events.extend(self.decode()?);
@@ -172,11 +226,86 @@ impl<'m> Engine<'m> {
         Ok(events)
     }
 
+    /// The pieces of prompts one step runs under `budget` tokens (see [`Self::step`]); the
+    /// prompts that complete take their first token and start decoding.
+    fn prefill_pieces(&mut self, budget: usize) -> Result<Vec<Event>, ModelError> {
+        let pieces = self.sched.plan_pieces(budget, self.opts.prefill_chunk);
+        if pieces.is_empty() {
+            return Ok(vec![]);
+        }
+        let runs: Vec<(usize, &[u32], bool)> = pieces
+            .iter()
+            .map(|p| {
+                let w = &self.sched.prefilling[p.index];
+                let end = w.done + p.len;
+                (w.slot, &w.seq.history[w.done..end], end == w.seq.prompt_len)
+            })
+            .collect();
+        let finished: Vec<usize> = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.2)
+            .map(|(i, _)| i)
+            .collect();
+        let logits = match self.runner.prefill_pieces(&runs) {
+            Ok(l) => l,
+            Err(e) => {
+                // Their partial states are gone: the pieces' requests end with the error.
+                let ids: Vec<RequestId> = pieces
+                    .iter()
+                    .map(|p| self.sched.prefilling[p.index].id)
+                    .collect();
+                for id in ids {
+                    self.cancel(id);
+                }
+                return Err(e);
+            }
+        };
+        for p in &pieces {
+            self.sched.prefilling[p.index].done += p.len;
+        }
+        if finished.is_empty() {
+            return Ok(vec![]);
+        }
+        // The completed prompts leave the prefilling list (highest index first) in piece order.
+        let mut done: Vec<(usize, Running)> = vec![];
+        let mut at: Vec<usize> = finished.iter().map(|&i| pieces[i].index).collect();
+        at.sort_unstable_by(|a, b| b.cmp(a));
+        for index in at {
+            let p = self.sched.prefilling.remove(index);
+            let row = pieces
+                .iter()
+                .position(|q| q.index == index)
+                .unwrap_or_default();
+            done.push((
+                row,
+                Running {
+                    id: p.id,
+                    slot: p.slot,
+                    seq: p.seq,
+                },
+            ));
+        }
+        done.sort_by_key(|d| d.0);
+        let dev = logits.device();
+        let idx: Vec<i32> = done.iter().map(|d| d.0 as i32).collect();
+        let n = idx.len();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), (&dev, DType::I32));
+        let logits = logits.select(0, idx);
+        let rows: Vec<Running> = done.into_iter().map(|d| d.1).collect();
+        let chosen = if rows.iter().any(|r| r.seq.greedy()) {
+            crate::generate::device_argmax(logits.clone())
+        } else {
+            vec![]
+        };
+        Ok(self.update(rows, logits, &chosen, true))
+    }
+
     /// Steps until idle, calling `on_event` for every event.
     pub fn run(&mut self, mut on_event: impl FnMut(Event)) -> Result<(), ModelError> {
         while !self.is_idle() {
             let events = self.step()?;
-            if events.is_empty() && self.sched.running() == 0 {
+            if events.is_empty() && self.sched.running() == 0 && self.sched.prefilling() == 0 {
                 return Err(ModelError::Input(format!(
                     "{} requests wait but no slot frees up (engine bookkeeping broken)",
                     self.sched.waiting()

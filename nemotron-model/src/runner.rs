@@ -8,11 +8,12 @@
 //! every step after the token ids and slots are written into its input buffers in place.
 //! Backends without graphs run the same step eagerly.
 
-use crate::cache::SlotState;
+use crate::cache::{SequenceState, SlotState};
 use crate::error::ModelError;
 use crate::model::NemotronH;
 use burn::tensor::{capture, DType, Graph, Int, Tensor, TensorData};
 use nemotron_kernels::ops;
+use std::collections::HashMap;
 
 type StepFn<'m> = Box<dyn FnMut() -> (Tensor<2>, Tensor<1, Int>) + 'm>;
 
@@ -34,6 +35,9 @@ pub(crate) struct Runner<'m> {
     batch_sizes: Vec<usize>,
     use_graphs: bool,
     steps: usize,
+    /// The state of prompts part-way through a chunked prefill, by slot (loaded into the slot
+    /// when the prompt completes).
+    partial: HashMap<usize, SequenceState>,
 }
 
 impl<'m> Runner<'m> {
@@ -52,6 +56,7 @@ impl<'m> Runner<'m> {
             batch_sizes,
             use_graphs,
             steps: 0,
+            partial: HashMap::new(),
         })
     }
 
@@ -75,6 +80,42 @@ impl<'m> Runner<'m> {
         slots: &[usize],
     ) -> Result<Tensor<2>, ModelError> {
         self.model.prefill_slots(&mut self.state, prompts, slots)
+    }
+
+    /// Prompt pieces in one ragged forward: `pieces[i]` = (slot, tokens, whether they end the
+    /// prompt). A piece continues the slot's partial state (a new one for a prompt's first
+    /// piece); a prompt's last piece loads its state into the slot. Returns the logits after
+    /// each piece's last token, `[pieces, vocab]`.
+    pub(crate) fn prefill_pieces(
+        &mut self,
+        pieces: &[(usize, &[u32], bool)],
+    ) -> Result<Tensor<2>, ModelError> {
+        let mut states: Vec<SequenceState> = pieces
+            .iter()
+            .map(|&(slot, _, _)| {
+                self.partial
+                    .remove(&slot)
+                    .unwrap_or_else(|| self.model.new_state())
+            })
+            .collect();
+        let tokens: Vec<&[u32]> = pieces.iter().map(|p| p.1).collect();
+        let logits = {
+            let mut refs: Vec<&mut SequenceState> = states.iter_mut().collect();
+            self.model.forward_last(&tokens, &mut refs)?
+        };
+        for (&(slot, _, last), st) in pieces.iter().zip(states) {
+            if last {
+                self.model.load_slot(&mut self.state, slot, &st)?;
+            } else {
+                self.partial.insert(slot, st);
+            }
+        }
+        Ok(logits)
+    }
+
+    /// Drops the partial state of a prompt cancelled part-way through its prefill.
+    pub(crate) fn drop_partial(&mut self, slot: usize) {
+        self.partial.remove(&slot);
     }
 
     /// One decode step: row `i` feeds `ids[i]` to slot `slots[i]`. Returns the logits of every

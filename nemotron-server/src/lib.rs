@@ -75,6 +75,12 @@ pub struct ServerOptions {
     pub context_length: Option<usize>,
     /// Replay captured decode steps where the device has graphs (CUDA).
     pub graphs: bool,
+    /// Tokens one engine step runs at most, decode rows first, then prompt pieces (vLLM's
+    /// `--max-num-batched-tokens`; 0: no limit, every admitted prompt prefilled whole).
+    pub step_tokens: usize,
+    /// The most tokens of one prompt a step prefills (0: no limit): longer prompts are admitted
+    /// over several steps while the running streams keep decoding.
+    pub prefill_chunk: usize,
 }
 
 impl ServerOptions {
@@ -85,6 +91,8 @@ impl ServerOptions {
             max_queue: 256,
             context_length: None,
             graphs: true,
+            step_tokens: 0,
+            prefill_chunk: 0,
         }
     }
 }
@@ -348,6 +356,8 @@ fn engine_thread<F>(
     };
     let mut eopts = EngineOptions::new(opts.max_batch, context_length);
     eopts.graphs = opts.graphs;
+    eopts.step_tokens = opts.step_tokens;
+    eopts.prefill_chunk = opts.prefill_chunk;
     // The slots are allocated here, so a size that does not fit fails the start.
     let engine = match nemotron::model::Engine::new(&tm.model, eopts.clone()) {
         Ok(e) => e,

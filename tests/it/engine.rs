@@ -129,6 +129,145 @@ fn cuda_f32_engine_without_graphs_equals_single_sequences() {
     check(Device::cuda(0), DType::F32, false);
 }
 
+/// Chunked admission under a token budget (`step_tokens` 11 over 3 slots, pieces of at most 5
+/// tokens): the requests of [`requests`] and a 40-token prompt, prefilled over several steps
+/// beside the running sequences' decode, each give exactly their single-sequence tokens and stop.
+fn check_chunked(dev: Device, dtype: DType) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
+    let v = m.config().vocab_size;
+    let mut reqs = requests(v);
+    reqs.insert(
+        1,
+        (
+            ids(40, v, 8),
+            GenerateOptions {
+                max_new_tokens: 6,
+                stop_ids: vec![2],
+                ..Default::default()
+            },
+        ),
+    );
+    let mut opts = EngineOptions::new(3, 64);
+    opts.graphs = false;
+    opts.step_tokens = 11;
+    opts.prefill_chunk = 5;
+    let mut e = Engine::new(&m, opts).unwrap();
+    let ids: Vec<_> = reqs
+        .iter()
+        .map(|(p, o)| e.submit(p, o.clone()).unwrap())
+        .collect();
+    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
+    let mut partial_steps = 0;
+    while !e.is_idle() {
+        partial_steps += usize::from(e.prefilling() > 0);
+        for ev in e.step().unwrap() {
+            let i = ids.iter().position(|&id| id == ev.id).unwrap();
+            let entry = got.entry(i).or_default();
+            assert!(
+                entry.1.is_none(),
+                "request {i} got an event after it stopped"
+            );
+            entry.0.extend(ev.token);
+            entry.1 = ev.stop;
+        }
+    }
+    assert!(
+        partial_steps >= 7,
+        "the 40-token prompt ran in {partial_steps} partial steps"
+    );
+    for (i, (p, o)) in reqs.iter().enumerate() {
+        let single = m.generate(p, o.clone(), |_| {}).unwrap();
+        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
+        assert_eq!(tokens, single.tokens, "request {i}: tokens");
+        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
+    }
+}
+
+#[test]
+fn host_engine_chunked_admission_equals_single_sequences() {
+    check_chunked(host(), DType::F32);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_engine_chunked_admission_equals_single_sequences() {
+    check_chunked(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+    );
+}
+
+/// A long prompt arriving while a stream decodes (`step_tokens` 10, pieces of 8): the stream
+/// takes a token in every step of the prompt's prefill, and both give their tokens alone.
+#[test]
+fn a_long_prompt_admitted_in_pieces_does_not_stall_a_stream() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = load_host(dir.path());
+    let v = m.config().vocab_size;
+    let o = |n| GenerateOptions {
+        max_new_tokens: n,
+        ..Default::default()
+    };
+    let (pa, pb) = (ids(5, v, 31), ids(60, v, 32));
+    let mut opts = EngineOptions::new(2, 80);
+    opts.graphs = false;
+    opts.step_tokens = 10;
+    opts.prefill_chunk = 8;
+    let mut e = Engine::new(&m, opts).unwrap();
+    let a = e.submit(&pa, o(24)).unwrap();
+    let (mut ta, mut tb) = (vec![], vec![]);
+    let mut a_live = true;
+    let take = |evs: Vec<Event>, ta: &mut Vec<u32>, tb: &mut Vec<u32>| -> bool {
+        let mut a_moved = false;
+        for ev in evs {
+            if ev.id == a {
+                a_moved |= ev.token.is_some();
+                ta.extend(ev.token);
+            } else {
+                tb.extend(ev.token);
+            }
+        }
+        a_moved
+    };
+    for _ in 0..2 {
+        let evs = e.step().unwrap();
+        take(evs, &mut ta, &mut tb);
+    }
+    e.submit(&pb, o(4)).unwrap();
+    let mut stalled = 0;
+    let mut pieces = 0;
+    while !e.is_idle() {
+        let before = e.prefilling() > 0 || e.waiting() > 0;
+        let evs = e.step().unwrap();
+        let a_stopped = evs.iter().any(|ev| ev.id == a && ev.stop.is_some());
+        let moved = take(evs, &mut ta, &mut tb);
+        if before && a_live {
+            pieces += 1;
+            stalled += usize::from(!moved);
+        }
+        a_live &= !a_stopped;
+    }
+    assert!(
+        pieces >= 7,
+        "the 60-token prompt ran in {pieces} steps beside the stream"
+    );
+    assert_eq!(
+        stalled, 0,
+        "the stream took no token in {stalled} of {pieces} steps"
+    );
+    assert_eq!(
+        ta,
+        m.generate(&pa, o(24), |_| {}).unwrap().tokens,
+        "the stream"
+    );
+    assert_eq!(
+        tb,
+        m.generate(&pb, o(4), |_| {}).unwrap().tokens,
+        "the long prompt"
+    );
+}
+
 #[test]
 fn a_request_larger_than_a_slot_is_refused_naming_both_numbers() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
