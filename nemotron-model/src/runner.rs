@@ -82,11 +82,45 @@ impl<'m> Runner<'m> {
         self.model.prefill_slots(&mut self.state, prompts, slots)
     }
 
-    /// Prompt pieces in one ragged forward: `pieces[i]` = (slot, tokens, whether they end the
-    /// prompt). A piece continues the slot's partial state (a new one for a prompt's first
-    /// piece); a prompt's last piece loads its state into the slot. Returns the logits after
-    /// each piece's last token, `[pieces, vocab]`.
+    /// Prompt pieces: `pieces[i]` = (slot, tokens, whether they end the prompt). Whole prompts
+    /// (a first piece that is also the last) are prefilled straight into their slots as
+    /// [`Self::prefill`] does (the pools written once for the batch); the other pieces run in
+    /// one ragged forward, each continuing its slot's partial state (a new one for a first
+    /// piece), a last piece loading its state into the slot. Returns the logits after each
+    /// piece's last token, `[pieces, vocab]`, in the pieces' order.
     pub(crate) fn prefill_pieces(
+        &mut self,
+        pieces: &[(usize, &[u32], bool)],
+    ) -> Result<Tensor<2>, ModelError> {
+        let whole: Vec<usize> = (0..pieces.len())
+            .filter(|&i| pieces[i].2 && !self.partial.contains_key(&pieces[i].0))
+            .collect();
+        if whole.is_empty() {
+            return self.continue_pieces(pieces);
+        }
+        let prompts: Vec<&[u32]> = whole.iter().map(|&i| pieces[i].1).collect();
+        let slots: Vec<usize> = whole.iter().map(|&i| pieces[i].0).collect();
+        let first = self.prefill(&prompts, &slots)?;
+        if whole.len() == pieces.len() {
+            return Ok(first);
+        }
+        let rest: Vec<usize> = (0..pieces.len()).filter(|i| !whole.contains(i)).collect();
+        let others: Vec<(usize, &[u32], bool)> = rest.iter().map(|&i| pieces[i]).collect();
+        let second = self.continue_pieces(&others)?;
+        // Piece `i`'s row of `[first; second]`: `whole`'s rows first, then `rest`'s.
+        let mut order = vec![0i32; pieces.len()];
+        for (row, &i) in whole.iter().chain(&rest).enumerate() {
+            order[i] = row as i32;
+        }
+        let dev = first.device();
+        let n = order.len();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(order, [n]), (&dev, DType::I32));
+        Ok(Tensor::cat(vec![first, second], 0).select(0, idx))
+    }
+
+    /// The pieces of [`Self::prefill_pieces`] that continue or leave a partial state, in one
+    /// ragged forward.
+    fn continue_pieces(
         &mut self,
         pieces: &[(usize, &[u32], bool)],
     ) -> Result<Tensor<2>, ModelError> {

@@ -129,9 +129,10 @@ fn cuda_f32_engine_without_graphs_equals_single_sequences() {
     check(Device::cuda(0), DType::F32, false);
 }
 
-/// Chunked admission under a token budget (`step_tokens` 11 over 3 slots, pieces of at most 5
+/// Chunked admission under a token budget (`step_tokens` 16 over 3 slots, pieces of at most 6
 /// tokens): the requests of [`requests`] and a 40-token prompt, prefilled over several steps
-/// beside the running sequences' decode, each give exactly their single-sequence tokens and stop.
+/// beside the running sequences' decode (whole short prompts in the same steps as pieces of
+/// long ones), each give exactly their single-sequence tokens and stop.
 fn check_chunked(dev: Device, dtype: DType) {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
     let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
@@ -150,8 +151,8 @@ fn check_chunked(dev: Device, dtype: DType) {
     );
     let mut opts = EngineOptions::new(3, 64);
     opts.graphs = false;
-    opts.step_tokens = 11;
-    opts.prefill_chunk = 5;
+    opts.step_tokens = 16;
+    opts.prefill_chunk = 6;
     let mut e = Engine::new(&m, opts).unwrap();
     let ids: Vec<_> = reqs
         .iter()
