@@ -350,7 +350,7 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         heads: usize,
         scale: f32,
     ) -> T<R> {
-        attention::flash::launch(q, kpool, vpool, seqs, heads, scale)
+        attention::prefill::launch(q, kpool, vpool, seqs, heads, scale)
     }
 
     fn argmax_rows(x: T<R>) -> T<R> {

@@ -37,8 +37,14 @@ pub mod linear {
 pub mod attention {
     pub use crate::cube::attention::decode::{form, plan, set_form, AttnForm};
     pub use crate::cube::attention::flash::{
-        flash, keys_per_tile as flash_keys_per_tile, set_flash, shared_bytes as flash_shared_bytes,
-        FLASH_KEYS, FLASH_ROWS,
+        keys_per_tile as flash_keys_per_tile, shared_bytes as flash_shared_bytes, FLASH_KEYS,
+        FLASH_ROWS,
+    };
+    pub use crate::cube::attention::flash_mma::{
+        fits as flash_mma_fits, shared_bytes as flash_mma_shared_bytes, MMA_KEYS, MMA_ROWS,
+    };
+    pub use crate::cube::attention::prefill::{
+        flash, flash_mma, plan as prefill_plan, set_flash, set_flash_mma, PrefillForm,
     };
 }
 

@@ -5,7 +5,7 @@
 //! [`super::tuning`]'s.)
 
 use super::attention::decode::{self, AttnForm};
-use super::attention::flash;
+use super::attention::prefill as flash;
 use super::linear::mma::{self, MmaMin, MmaTuning};
 use super::mamba::{scan, ssd};
 use super::matmul::{self, TiledKernel};
@@ -34,8 +34,10 @@ pub struct Settings {
     pub tiled: TiledKernel,
     /// Whether the decoded path's products come out in f32 ([`matmul::set_tiled_f32`]).
     pub tiled_f32: bool,
-    /// Whether prefill attention runs the flash kernel ([`flash::set_flash`]).
+    /// Whether prefill attention runs the flash kernels ([`flash::set_flash`]).
     pub flash: bool,
+    /// Whether bf16 prefill attention takes the tensor-core kernel ([`flash::set_flash_mma`]).
+    pub flash_mma: bool,
 }
 
 impl Default for Settings {
@@ -53,6 +55,7 @@ impl Default for Settings {
             tiled: TiledKernel::SimpleCmma,
             tiled_f32: true,
             flash: true,
+            flash_mma: false,
         }
     }
 }
@@ -72,6 +75,7 @@ impl Settings {
             tiled: matmul::tiled_kernel(),
             tiled_f32: matmul::tiled_f32(),
             flash: flash::flash(),
+            flash_mma: flash::flash_mma(),
         }
     }
 
@@ -89,6 +93,7 @@ impl Settings {
         matmul::set_tiled_kernel(self.tiled);
         matmul::set_tiled_f32(self.tiled_f32);
         flash::set_flash(self.flash);
+        flash::set_flash_mma(self.flash_mma);
         Ok(())
     }
 
@@ -114,7 +119,8 @@ impl Settings {
     /// time, at least 1); `scanchunkrows=N` (the scan chunks time over up to N state rows; 0
     /// never); `scanssd=N` (a bf16 scan on tensor cores in the chunked matrix form from N prompt
     /// tokens; `max` never); `fuse=on|off` (the decode fusions); `flash=on|off` (prefill attention
-    /// in the flash kernel, or composed of Burn ops with the scores in memory); `fp8mm=N` (plain FP8 rows
+    /// in the flash kernels, or composed of Burn ops with the scores in memory); `flashmma=on|off`
+    /// (bf16 prefill attention on the tensor cores where the device has them); `fp8mm=N` (plain FP8 rows
     /// from which the weights are decoded for cubek's tiled matmul; `max` never); `nvfp4mm=N`
     /// (the same for plain NVFP4 rows); `densemm=N`
     /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
@@ -215,6 +221,7 @@ impl Settings {
                 "bdec" => s.tune.bf16_decode = on_off(k, v)?,
                 "fuse" => s.fused = on_off(k, v)?,
                 "flash" => s.flash = on_off(k, v)?,
+                "flashmma" => s.flash_mma = on_off(k, v)?,
                 "attn" => {
                     s.attn = match v {
                         "gqa" => AttnForm::Gqa,

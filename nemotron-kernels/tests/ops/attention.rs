@@ -17,6 +17,18 @@ type Case = (
     &'static [(usize, usize, usize)],
 );
 
+/// [`attention_prefill_matches`] with `flashmma=on`: the tensor-core kernel on a CUDA bf16 arm
+/// (elsewhere the plan keeps the SIMT kernel, which runs again). Process-wide setting.
+pub fn attention_prefill_mma_matches(arm: &Arm) {
+    use nemotron_kernels::cube::plans::attention::set_flash_mma;
+    set_flash_mma(true);
+    let r = std::panic::catch_unwind(|| attention_prefill_matches(arm));
+    set_flash_mma(false);
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
+}
+
 pub fn attention_prefill_matches(arm: &Arm) {
     let cases: [Case; 6] = [
         // Lightning's heads (16:1), fresh ragged sequences.

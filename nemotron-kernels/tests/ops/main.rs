@@ -173,6 +173,38 @@ fn flash_key_tile_fits_shared_memory() {
     }
 }
 
+/// Prefill attention's form: the tensor-core kernel only where asked, in bf16, on a device with
+/// bf16 `mma`, heads a multiple of 16, queries in 8-wide vectors and the shared memory for it;
+/// else the SIMT kernel with its key tile; nothing for heads no kernel takes (host arithmetic).
+#[test]
+fn prefill_attention_plan() {
+    use nemotron_kernels::cube::plans::attention::{
+        flash_mma_shared_bytes, prefill_plan as plan, PrefillForm,
+    };
+    let cuda = 227 * 1024;
+    assert_eq!(
+        plan(128, 4608, true, true, cuda, true),
+        Some(PrefillForm::Mma)
+    );
+    let simt = Some(PrefillForm::Simt { keys: 32 });
+    assert_eq!(plan(128, 4608, true, true, cuda, false), simt);
+    assert_eq!(plan(128, 4608, false, true, cuda, true), simt);
+    assert_eq!(plan(128, 4608, true, false, cuda, true), simt);
+    assert_eq!(plan(120, 4600, true, true, cuda, true), simt);
+    assert_eq!(plan(128, 4100, true, true, cuda, true), simt);
+    let tight = flash_mma_shared_bytes(128);
+    assert_eq!(
+        plan(128, 4608, true, true, tight, true),
+        Some(PrefillForm::Mma)
+    );
+    assert_eq!(plan(128, 4608, true, true, tight - 1, true), simt);
+    assert_eq!(
+        plan(128, 4608, false, false, 32 * 1024, false),
+        Some(PrefillForm::Simt { keys: 16 })
+    );
+    assert_eq!(plan(136, 4608, true, true, cuda, true), None);
+}
+
 /// Launch grids past the device limits (65,535 cubes on a dimension): the folds cover every
 /// cube once, within the limits, with at most one partial row (host arithmetic).
 #[test]
@@ -632,6 +664,7 @@ fn settings_parse_each_key_into_its_field() {
     );
     assert!(mm.tiled_f32 && !Settings::parse("mmacc=act").unwrap().tiled_f32);
     assert!(d.flash && mm.flash && !Settings::parse("flash=off").unwrap().flash);
+    assert!(!d.flash_mma && Settings::parse("flashmma=on").unwrap().flash_mma);
     assert!(Settings::parse("flash=maybe")
         .unwrap_err()
         .contains("flash"));
@@ -767,6 +800,7 @@ arms! {
     conv_ssm_step => slots::conv_ssm_step_matches,
     attention_step => slots::attention_step_matches,
     attention_prefill => attention::attention_prefill_matches,
+    attention_prefill_mma => attention::attention_prefill_mma_matches,
     advance_and_write_slot => slots::advance_and_write_slot_match,
     write_slots => slots::write_slots_match,
 }

@@ -32,19 +32,6 @@ pub const FLASH_ROWS: usize = 32;
 pub const FLASH_KEYS: usize = 32;
 /// Units per cube.
 pub const FLASH_UNITS: usize = 128;
-static FLASH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-/// Whether the model's prefill attention runs this kernel (default on; off: the composed Burn
-/// ops with the `[heads, T, S]` scores in memory, for comparisons). Process-wide.
-pub fn set_flash(on: bool) {
-    FLASH.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The current value of [`set_flash`].
-pub fn flash() -> bool {
-    FLASH.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Shared memory (bytes) of a cube with `bc` keys per tile and heads of `d`.
 pub fn shared_bytes(bc: usize, d: usize) -> usize {
     4 * (FLASH_ROWS * (d + 1) + bc * (d + 1) + FLASH_ROWS * (bc + 1) + 3 * FLASH_ROWS)
@@ -282,10 +269,11 @@ pub fn flash_prefill_kernel<F: Float>(
     }
 }
 
-/// Launches [`flash_prefill_kernel()`] (module docs): `q` `[B, T, W]` with head `h` of a row at
-/// columns `h·D ..` (`W ≥ heads·D`: a fused `q | k | v` row is read in place), `kpool`/`vpool`
-/// `[S, KVH, cap, D]`, `seqs` `[B, 3]` (slot, keys before the chunk, chunk length; checked by the
-/// caller against `cap` and `T`). Returns `[B, T, heads·D]` in `q`'s dtype.
+/// Launches [`flash_prefill_kernel()`] (module docs) with `bc` keys per tile
+/// ([`keys_per_tile`]): `q` `[B, T, W]` with head `h` of a row at columns `h·D ..` (`W ≥
+/// heads·D`: a fused `q | k | v` row is read in place), `kpool`/`vpool` `[S, KVH, cap, D]`,
+/// `seqs` `[B, 3]` (slot, keys before the chunk, chunk length; checked by the caller against
+/// `cap` and `T`). Returns `[B, T, heads·D]` in `q`'s dtype.
 pub fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
     kpool: CubeTensor<R>,
@@ -293,6 +281,7 @@ pub fn launch<R: CubeRuntime>(
     seqs: CubeTensor<R>,
     heads: usize,
     scale: f32,
+    bc: usize,
 ) -> CubeTensor<R> {
     let q = float_buf(q);
     let dtype = q.dtype;
@@ -306,14 +295,10 @@ pub fn launch<R: CubeRuntime>(
         kvh > 0 && heads % kvh == 0 && w >= heads * d,
         "flash prefill: q [{b}, {t}, {w}] for {heads} heads of {d}, pool {ps:?}"
     );
-    let smem = max_shared(&q.client);
-    let Some(bc) = keys_per_tile(smem, d) else {
-        panic!(
-            "flash prefill: heads of {d} need {} bytes of shared memory, the device has {smem} \
-             (callers check ops::attention_prefill_fits first)",
-            shared_bytes(16, d)
-        )
-    };
+    assert!(
+        bc % 8 == 0 && shared_bytes(bc, d) <= max_shared(&q.client),
+        "flash prefill: {bc} keys a tile of heads of {d} (prefill::plan chooses)"
+    );
     let o = empty(&q, [b, t, heads * d], dtype);
     let tiles = (t * (heads / kvh)).div_ceil(FLASH_ROWS);
     let cubes = b * kvh * tiles;
