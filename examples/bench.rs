@@ -95,6 +95,14 @@ struct Args {
     /// setting (one load, paths compared in the same call); other modes take the first.
     #[arg(long, value_delimiter = ';')]
     mma_min: Vec<String>,
+    /// With --engine: the engine's step token budget (decode rows first, then pieces of
+    /// prompts; 0: no limit). Admission then runs over as many steps as the pieces need, all
+    /// timed as the prefill.
+    #[arg(long, default_value_t = 0)]
+    step_tokens: usize,
+    /// With --engine: the most tokens of one prompt a step prefills (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    prefill_chunk: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -215,6 +223,9 @@ fn load(
 fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     if !a.graphs.is_empty() && !a.engine {
         return Err("--graphs applies to the engine: add --engine".into());
+    }
+    if (a.step_tokens != 0 || a.prefill_chunk != 0) && !a.engine {
+        return Err("--step-tokens and --prefill-chunk apply to the engine: add --engine".into());
     }
     let t0 = Instant::now();
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
@@ -378,6 +389,8 @@ fn engine_run_one(
     use nemotron::model::{Engine, EngineOptions, GenerateOptions};
     let mut opts = EngineOptions::new(batch, plen + a.decode + 1);
     opts.graphs = graphs;
+    opts.step_tokens = a.step_tokens;
+    opts.prefill_chunk = a.prefill_chunk;
     let mut e = Engine::new(m, opts)?;
     let v = m.config().vocab_size;
     let dev = m.device().clone();
@@ -399,10 +412,14 @@ fn engine_run_one(
         }
         sync(&dev);
         let t0 = Instant::now();
-        let firsts = e.step()?;
+        // One step, or under a token budget as many as the prompts' pieces take.
+        let mut firsts = 0;
+        while !e.is_idle() {
+            firsts += e.step()?.iter().filter(|ev| ev.token.is_some()).count();
+        }
         let t1 = Instant::now();
-        assert!(
-            e.is_idle() && firsts.iter().filter(|ev| ev.token.is_some()).count() == batch,
+        assert_eq!(
+            firsts, batch,
             "admission alone answers every request with its first token and decodes nothing"
         );
         if r > 0 {
@@ -417,9 +434,17 @@ fn engine_run_one(
         }
         sync(&dev);
         let t0 = Instant::now();
-        let first = e.step()?; // admission (one ragged prefill) and the first decode step
+        // Admission (one ragged prefill) and the first decode step; under a token budget, the
+        // steps until no prompt waits or is part-way (the decode steps of those already
+        // admitted included).
+        let mut produced = 0;
+        loop {
+            produced += e.step()?.iter().filter(|ev| ev.token.is_some()).count();
+            if e.waiting() == 0 && e.prefilling() == 0 {
+                break;
+            }
+        }
         let t1 = Instant::now();
-        let mut produced = first.iter().filter(|ev| ev.token.is_some()).count();
         let steps0 = e.steps();
         while !e.is_idle() {
             produced += e.step()?.iter().filter(|ev| ev.token.is_some()).count();
@@ -438,8 +463,16 @@ fn engine_run_one(
     }
     let (p1, p, d) = (median(adm), median(pre), median(dec));
     println!(
-        "nemotron-rs engine (graphs {}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
+        "nemotron-rs engine (graphs {}{}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
         if graphs { "on" } else { "off" },
+        if a.step_tokens != 0 || a.prefill_chunk != 0 {
+            format!(
+                ", step budget {} / pieces of {} (0: no limit)",
+                a.step_tokens, a.prefill_chunk
+            )
+        } else {
+            String::new()
+        },
         if e.captured().is_empty() { ", none captured".to_string() } else { format!(", captured {:?}", e.captured()) },
         1e3 * batch as f64 / d,
         a.repeats.max(1),

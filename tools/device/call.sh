@@ -28,6 +28,8 @@
 #                no synth step
 #   p1s S        engine prefill of 1 x 1,024 and 8,192 tokens on the in-memory weights, once per
 #                --mma-min setting of the ;-separated S
+#   pch ST,PC    engine prefill of 1 x 8,192 tokens on the in-memory weights under a step token
+#                budget ST and pieces of PC (bench --step-tokens ST --prefill-chunk PC)
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -154,6 +156,11 @@ while [ $# -gt 0 ]; do
         run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 \
           --no-hf "${margs[@]}" ;;
+    pch)
+        IFS=',' read -r st pc <<<"$1"; shift
+        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 \
+          --no-hf --step-tokens "$st" --prefill-chunk "$pc" ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
