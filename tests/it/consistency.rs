@@ -67,6 +67,13 @@ fn wgpu_chunked_prefill_equals_one_shot() {
     ));
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_chunked_prefill_equals_one_shot() {
+    chunked_prefill_equals_one_shot(burn::tensor::Device::cuda(0));
+}
+
 #[test]
 fn ragged_batch_equals_single() {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 6);

@@ -199,6 +199,13 @@ fn wgpu_engine_chunked_admission_equals_single_sequences() {
     );
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_engine_chunked_admission_equals_single_sequences() {
+    check_chunked(Device::cuda(0), DType::F32);
+}
+
 /// A long prompt arriving while a stream decodes (`step_tokens` 10, pieces of 8): the stream
 /// takes a token in every step of the prompt's prefill, and both give their tokens alone.
 #[test]
