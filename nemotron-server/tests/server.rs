@@ -330,6 +330,46 @@ fn completion_logprobs_equal_the_library_streamed_and_not() {
     }
 }
 
+/// A server admitting prompts in pieces (`step_tokens` 12 over 4 slots, pieces of 5): a long
+/// prompt and a short one streamed together each equal the library (seen red with the partial
+/// state dropped between pieces); a budget not above the slots fails the start, naming both.
+#[test]
+fn a_server_with_a_step_budget_answers_as_the_library() {
+    let mut o = ServerOptions::new(NAME);
+    o.max_batch = 4;
+    o.max_queue = 8;
+    o.context_length = Some(256);
+    o.step_tokens = 12;
+    o.prefill_chunk = 5;
+    let s = Server::start(
+        || TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn()),
+        o.clone(),
+        "127.0.0.1:0",
+    )
+    .unwrap();
+    let long = "A long prompt that the server admits over several steps, five tokens at a time.";
+    let ev = stream(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": [long, "Why"], "max_tokens": 8, "temperature": 0, "ignore_eos": true, "stream": true}),
+    );
+    assert_eq!(assemble(&ev, false, 0).0, library(long, 8));
+    assert_eq!(assemble(&ev, false, 1).0, library("Why", 8));
+    o.step_tokens = 4;
+    let err = Server::start(
+        || TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn()),
+        o,
+        "127.0.0.1:0",
+    )
+    .err()
+    .expect("a step budget of 4 over 4 slots is refused")
+    .to_string();
+    assert!(
+        err.contains("step_tokens 4") && err.contains("max_batch 4"),
+        "{err}"
+    );
+}
+
 #[test]
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);
