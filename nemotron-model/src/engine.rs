@@ -267,25 +267,25 @@ impl<'m> Engine<'m> {
         if finished.is_empty() {
             return Ok(vec![]);
         }
-        // The completed prompts leave the prefilling list (highest index first) in piece order.
-        let mut done: Vec<(usize, Running)> = vec![];
-        let mut at: Vec<usize> = finished.iter().map(|&i| pieces[i].index).collect();
-        at.sort_unstable_by(|a, b| b.cmp(a));
-        for index in at {
-            let p = self.sched.prefilling.remove(index);
-            let row = pieces
-                .iter()
-                .position(|q| q.index == index)
-                .unwrap_or_default();
-            done.push((
-                row,
-                Running {
-                    id: p.id,
-                    slot: p.slot,
-                    seq: p.seq,
-                },
-            ));
-        }
+        // The completed prompts leave the prefilling list (highest index first, so the lower
+        // indices stay valid), then go back to piece (logits row) order.
+        let mut by_index = finished.clone();
+        by_index.sort_unstable_by_key(|&row| std::cmp::Reverse(pieces[row].index));
+        let mut done: Vec<(usize, Running)> = by_index
+            .into_iter()
+            .map(|row| {
+                let p = self.sched.prefilling.remove(pieces[row].index);
+                let seq = p.seq;
+                (
+                    row,
+                    Running {
+                        id: p.id,
+                        slot: p.slot,
+                        seq,
+                    },
+                )
+            })
+            .collect();
         done.sort_by_key(|d| d.0);
         let dev = logits.device();
         let idx: Vec<i32> = done.iter().map(|d| d.0 as i32).collect();

@@ -22,6 +22,7 @@
 // The kernel families are crate-private: [`plans`] is what callers outside may read and set.
 pub(crate) mod argmax;
 pub(crate) mod attention;
+pub(crate) mod bf16_mma;
 pub(crate) mod buffers;
 pub(crate) mod linear;
 pub(crate) mod logprobs;

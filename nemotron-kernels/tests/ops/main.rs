@@ -147,7 +147,7 @@ pub fn close(name: &str, got: &[f32], want: &[f32], rel: f32) {
 }
 
 /// The prefill attention kernel's key tile from the device's shared memory: 32 keys where they
-/// fit (CUDA's 48 KiB), 16 on lavapipe's 32 KiB at `D = 128` (the 32-key cube needs 36.6 KiB:
+/// fit (CUDA's 48 KiB), 16 on lavapipe's 32 KiB at `D = 128` (the 32-key cube needs 37,632 bytes:
 /// launched anyway it wrote nothing there), a refusal where even 16 do not fit or the head
 /// dimension is not a multiple of 8 up to 128 (host arithmetic).
 #[test]

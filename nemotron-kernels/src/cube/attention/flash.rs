@@ -17,7 +17,7 @@
 //! (`j < bc/8`, `bc` keys per tile: [`keys_per_tile`]), reading `q` and `k` from shared memory (rows padded by one word: conflict-free);
 //! one unit per row then takes the tile's maximum, writes `p` and the rescale factor; for `P·V`
 //! unit `u` owns rows `2(u/8)`, `+1` × columns `u%8 + 8j` (`j < D/8`) in registers. K and V take
-//! turns in one shared buffer. Shared memory at `D = 128`: 36.6 KiB at 32 keys a tile.
+//! turns in one shared buffer. Shared memory at `D = 128`: 37,632 bytes at 32 keys a tile.
 //!
 //! Grid: one cube per `(b, g, tile)`, the heaviest (last) tiles first, folded over x and y.
 
@@ -38,7 +38,7 @@ pub fn shared_bytes(bc: usize, d: usize) -> usize {
 }
 
 /// Keys per tile for heads of `d` on a device with `max_shared` bytes of shared memory per cube:
-/// [`FLASH_KEYS`] where it fits (36.6 KiB at `d = 128`), else 16 (27.3 KiB: lavapipe's 32 KiB),
+/// [`FLASH_KEYS`] where it fits (37,632 bytes at `d = 128`), else 16 (27,328 bytes: lavapipe has 32 KiB),
 /// else `None` (the head dimension is refused: [`crate::ops::attention_prefill_fits`]).
 pub fn keys_per_tile(max_shared: usize, d: usize) -> Option<usize> {
     if !(d > 0 && d % 8 == 0 && d <= crate::MAX_PREFILL_HEAD_DIM) {

@@ -18,9 +18,10 @@
 //! `D = 128`: 53,248 bytes.
 //!
 //! Grid: one cube per `(b, g, tile)`, the heaviest (last) tiles first, folded over x and y;
-//! 4 warps. CUDA only ([`available`]); bf16 inputs and output; `D` a multiple of 16 up to
+//! 4 warps. CUDA only ([`crate::cube::bf16_mma::available`]); bf16 inputs and output; `D` a multiple of 16 up to
 //! [`crate::MAX_PREFILL_HEAD_DIM`].
 
+use super::super::bf16_mma::{mma_acc, scaled, Pair, F2};
 use super::super::buffers::{arg, contiguous_as, empty, fold, i32_buf};
 use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
@@ -35,17 +36,8 @@ pub const MMA_KEYS: usize = 64;
 /// Padding words per shared row.
 pub const PAD: usize = 4;
 
-type Pair = Vector<bf16, Const<2>>;
-type F2 = Vector<f32, Const<2>>;
-
 /// Masked scores, far below any real one.
 const MASKED: f32 = crate::MASKED_SCORE;
-
-/// Whether the device runs bf16 `mma` at `16 × 8 × 16` into f32.
-pub fn available<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    let bf = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
-    crate::cube::tuning::mma_supported(client, bf, 16)
-}
 
 /// Whether heads of `d` fit the kernel (pure).
 pub fn fits(d: usize) -> bool {
@@ -55,30 +47,6 @@ pub fn fits(d: usize) -> bool {
 /// Shared memory (bytes) of a cube for heads of `d`.
 pub fn shared_bytes(d: usize) -> usize {
     4 * (MMA_ROWS * (d / 2 + PAD) + MMA_KEYS * (d / 2 + PAD) + d * (MMA_KEYS / 2 + PAD))
-}
-
-#[cube]
-fn mma_acc(
-    def: &MmaDefinition<bf16, bf16, f32>,
-    ra: &Array<Pair>,
-    rb: &Array<Pair>,
-    acc: &mut Array<F2>,
-    #[comptime] j: usize,
-) {
-    let mut cr = Array::<F2>::new(2usize);
-    cr[0] = acc[2 * j];
-    cr[1] = acc[2 * j + 1];
-    def.execute_inplace(ra, rb, &mut cr);
-    acc[2 * j] = cr[0];
-    acc[2 * j + 1] = cr[1];
-}
-
-#[cube]
-fn scaled(v: F2, s: f32) -> F2 {
-    let mut o = F2::empty();
-    o.insert(0usize, v.extract(0) * s);
-    o.insert(1usize, v.extract(1) * s);
-    o
 }
 
 /// Stages `rows` rows of `D` (16-byte vectors of 8 bf16) starting at vector `base` of `src`
@@ -399,7 +367,7 @@ pub fn flash_mma_kernel<NV: Size>(
 
 /// Launches [`flash_mma_kernel()`] over bf16 `q` `[B, T, W]` (`W` a multiple of 8), pools
 /// `[S, KVH, cap, D]` and `seqs` `[B, 3]` (as [`super::flash::launch`]); the caller checked
-/// [`available`] and [`fits`]. Returns `[B, T, heads·D]` in bf16.
+/// bf16 `mma` ([`crate::cube::bf16_mma::available`]) and [`fits`]. Returns `[B, T, heads·D]` in bf16.
 pub fn launch<R: CubeRuntime>(
     q: CubeTensor<R>,
     kpool: CubeTensor<R>,

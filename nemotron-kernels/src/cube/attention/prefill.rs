@@ -81,7 +81,7 @@ pub fn launch<R: CubeRuntime>(
         d,
         w,
         q.dtype == DType::BF16,
-        flash_mma::available(&client),
+        crate::cube::bf16_mma::available(&client),
         flash::max_shared(&client),
         flash_mma(),
     );

@@ -33,6 +33,7 @@
 //! Grid: one cube per `(b, chunk, h)` on x, folded onto y past the device's limit.
 
 use super::scan::{carry_and_out, Chunks, CHUNK_STATE_BYTES};
+use crate::cube::bf16_mma::{mma_acc, scaled, Pair, F2};
 use crate::cube::buffers::{arg, contiguous_as, empty, f32_buf, fold, lens_arg, lens_buf};
 use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
@@ -130,14 +131,7 @@ pub fn chunks_for<R: CubeRuntime>(x: &CubeTensor<R>, b: &CubeTensor<R>) -> Optio
     )
 }
 
-type Pair = Vector<bf16, Const<2>>;
-type F2 = Vector<f32, Const<2>>;
-
-/// Whether the device runs bf16 `mma` at `16 × 8 × 16` into f32 and `NEMOTRON_MMA` is not `0`.
-pub fn available<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    let bf = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
-    crate::cube::tuning::mma_supported(client, bf, 16)
-}
+pub use crate::cube::bf16_mma::available;
 
 /// The chunk length the kernel takes for a requested one: a multiple of 16 up to
 /// [`SSD_MAX_CHUNK`].
@@ -159,14 +153,6 @@ fn pair_of(a: f32, b: f32) -> Pair {
     Pair::cast_from(v)
 }
 
-#[cube]
-fn scaled(v: F2, s: f32) -> F2 {
-    let mut o = F2::empty();
-    o.insert(0usize, v.extract(0) * s);
-    o.insert(1usize, v.extract(1) * s);
-    o
-}
-
 /// `v[at..at + count]` as bf16 pairs `hi` and the rounding's remainder `lo` (`hi + lo` ≈ `v`
 /// to ≈ 16 bits).
 #[cube]
@@ -184,22 +170,6 @@ fn split(
         hi[i] = h;
         lo[i] = Pair::cast_from(f - F2::cast_from(h));
     }
-}
-
-#[cube]
-fn mma_acc(
-    def: &MmaDefinition<bf16, bf16, f32>,
-    ra: &Array<Pair>,
-    rb: &Array<Pair>,
-    acc: &mut Array<F2>,
-    #[comptime] j: usize,
-) {
-    let mut cr = Array::<F2>::new(2usize);
-    cr[0] = acc[2 * j];
-    cr[1] = acc[2 * j + 1];
-    def.execute_inplace(ra, rb, &mut cr);
-    acc[2 * j] = cr[0];
-    acc[2 * j + 1] = cr[1];
 }
 
 /// One chunk of one head (module docs). `new_state` / `decays` / `y` are the chunked path's end
