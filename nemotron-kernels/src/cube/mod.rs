@@ -35,6 +35,7 @@ pub(crate) mod reduce;
 pub(crate) mod route;
 pub mod settings;
 pub(crate) mod slots;
+pub(crate) mod tensor_core;
 pub mod tuning;
 
 use crate::{Epilogue, Fp8Weights, Maybe, NemotronOps, Nvfp4Weights, RouteConfig, Rows, ScanDims};
@@ -98,7 +99,7 @@ pub const TILED_SCAN_CHUNK: usize = 3;
 
 /// Sets [`PrefillKernels`] (process-wide: for `parity --prefill-kernels` and tests).
 pub fn set_prefill_kernels(k: PrefillKernels) {
-    let mut m = linear::mma::mma();
+    let mut m = tensor_core::mma();
     let chunking = match k {
         PrefillKernels::Auto => mamba::scan::Chunking::default(),
         PrefillKernels::Tiled => mamba::scan::Chunking {
@@ -113,10 +114,10 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
     });
     match k {
         PrefillKernels::Auto => {
-            m.grouped = linear::mma::MmaMin::default().grouped;
-            m.tile = linear::mma::MmaMin::default().tile;
-            m.fp8_tile = linear::mma::MmaMin::default().fp8_tile;
-            m.fp8_gemm = linear::mma::MmaMin::default().fp8_gemm;
+            m.grouped = linear::plan::MmaMin::default().grouped;
+            m.tile = linear::plan::MmaMin::default().tile;
+            m.fp8_tile = linear::plan::MmaMin::default().fp8_tile;
+            m.fp8_gemm = linear::plan::MmaMin::default().fp8_gemm;
             linear::mma::set_sort_min_slots(linear::mma::MMA_MAX_SLOTS + 1);
         }
         PrefillKernels::Tiled => {
@@ -127,7 +128,7 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
             linear::mma::set_sort_min_slots(1);
         }
     }
-    linear::mma::set_mma(m);
+    tensor_core::set_mma(m);
 }
 
 use burn_cubecl::tensor::CubeTensor;

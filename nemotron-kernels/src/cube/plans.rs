@@ -13,23 +13,24 @@ pub mod grid {
 /// ([`MmaTuning`](linear::MmaTuning)), the GEMV grids.
 pub mod linear {
     pub use crate::cube::linear::dispatch::{gemv_count, small_m_count, GEMV_ROWS};
-    pub use crate::cube::linear::frag::{blocks, tile_warps, tiles_up_to, BLOCK_PASSES};
-    pub use crate::cube::linear::gemm::{GemmShape, GEMM_STEPS, GEMM_WARPS_N};
+    pub use crate::cube::linear::gemm::GemmShape;
     pub use crate::cube::linear::grouped::{
         grouped_min_slots, set_grouped_min_slots, GROUPED_MIN_SLOTS,
     };
     pub use crate::cube::linear::mma::{
-        fp8_inq_max, m_split, mma, set_fp8_inq_max, set_mma, set_mma_min, set_sort_min_slots,
-        set_tuning, sort_min_slots, tuning, MmaTuning, BF16_DECODE, FP8_DIRECT, FP8_INQ_MAX_ROWS,
-        MMA_MAX_SLOTS, M_WARPS, TARGET_THREADS, WARPS,
+        fp8_inq_max, set_fp8_inq_max, set_sort_min_slots, sort_min_slots, FP8_INQ_MAX_ROWS,
+        MMA_MAX_SLOTS,
     };
     pub use crate::cube::linear::plan::{
         gemv, plan, Format, Limits, LinearPath, LinearPlan, LinearShape, MmaForm, MmaMin,
         DENSE_MM_MIN, EXPERT_MAJOR_MAX_K, FP8_GEMV_MAX_K, FP8_MM_MIN, MMA_FP8_MIN_ROWS,
         MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN,
     };
-    pub use crate::cube::linear::tile::{
-        TileShape, TILE_BUFFERS, TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS,
+    pub use crate::cube::linear::tile::TileShape;
+    pub use crate::cube::tensor_core::{
+        blocks, m_split, mma, set_mma, set_mma_min, set_tuning, tile_warps, tiles_up_to, tuning,
+        MmaTuning, BF16_DECODE, BLOCK_PASSES, FP8_DIRECT, GEMM_STEPS, GEMM_WARPS_N, M_WARPS,
+        TARGET_THREADS, TILE_BUFFERS, TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS, WARPS,
     };
 }
 

@@ -1,14 +1,16 @@
 //! Every kernel setting a benchmark or a test may change, as one value: parsed from the text a
 //! user writes (`bench --mma-min`), applied process-wide, and read back. The settings themselves
-//! stay beside their kernels (`linear::mma::set_mma`, `attention::decode::set_form`, …); this
+//! stay beside their kernels (`tensor_core::set_mma`, `attention::decode::set_form`, …); this
 //! module only gathers them, and nothing in the crate imports it. (The environment switches are
 //! [`super::tuning`]'s.)
 
 use super::attention::decode::{self, AttnForm};
 use super::attention::prefill as flash;
-use super::linear::mma::{self, MmaMin, MmaTuning};
+use super::linear::mma;
+use super::linear::plan::MmaMin;
 use super::mamba::{scan, ssd};
 use super::matmul::{self, TiledKernel};
+use super::tensor_core::{self as tc, MmaTuning};
 
 /// The kernel settings (see [`Settings::parse`] for the text form).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,10 +66,10 @@ impl Settings {
     /// The settings in force now.
     pub fn current() -> Self {
         Settings {
-            min: mma::mma(),
+            min: tc::mma(),
             fp8_inq_max: mma::fp8_inq_max(),
             attn: decode::form(),
-            tune: mma::tuning(),
+            tune: tc::tuning(),
             fused: super::fused(),
             scan_pair_min: scan::pair_min(),
             scan_chunk: scan::chunking(),
@@ -82,9 +84,9 @@ impl Settings {
     /// Applies every setting (process-wide). A tuning the kernels cannot take is refused by
     /// name ([`MmaTuning::check`]) before anything is set.
     pub fn apply(&self) -> Result<(), String> {
-        mma::set_tuning(self.tune)?;
+        tc::set_tuning(self.tune)?;
         scan::set_chunking(self.scan_chunk)?;
-        mma::set_mma(self.min);
+        tc::set_mma(self.min);
         mma::set_fp8_inq_max(self.fp8_inq_max);
         decode::set_form(self.attn);
         super::set_fused(self.fused);

@@ -1,7 +1,7 @@
 //! The kernels' settings from the environment, read here and nowhere else in this crate (each
 //! once): switches that turn a device feature off, and tuning knobs for benchmarks. A value that
 //! is not one of those allowed is reported and ignored. (The process-wide setters beside each
-//! kernel family — `linear::mma::set_mma`, `attention::decode::set_form`, … — are the API.)
+//! kernel family — `tensor_core::set_mma`, `attention::decode::set_form`, … — are the API.)
 
 use std::sync::OnceLock;
 

@@ -1,8 +1,10 @@
-//! What the tensor-core kernels ([`super::mma`], [`super::tile`], [`super::gemm`]) share: the E2M1
-//! pair decode and the E4M3 words that feed an `mma` fragment, the weight loads of a step, and the row-block and token-tile
-//! arithmetic of their grids. A leaf: it imports no kernel module, so the kernels import it one
-//! way.
+//! What the quantized tensor-core kernels ([`super::mma`], [`super::tile`], [`super::gemm`])
+//! share of the weight formats: the E2M1 pair decode and the E4M3 words that feed an `mma`
+//! fragment, and a step's NVFP4 / FP8 loads. (What every `mma` family shares, the dense matmul's
+//! included — sizes, settings, plain loads, the K-split sum — is [`super::super::tensor_core`].)
+//! A leaf: it imports no kernel module, so the kernels import it one way.
 
+use super::super::tensor_core::chunk_load;
 use burn::tensor::{bf16, f16};
 use cubecl::prelude::*;
 
@@ -99,76 +101,4 @@ pub(super) fn nvfp4_load<NW: Size>(
         sa[q] = scales[si0 / 4] >> (((si0 % 4) * 8) as u32);
         sb[q] = scales[si1 / 4] >> (((si1 % 4) * 8) as u32);
     }
-}
-
-/// Loads `grp` steps of 16-byte chunks of rows `row0`/`row1` from step `it0` (clamped to the
-/// last chunk), for the FP8 and dense kernels.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn chunk_load<NW: Size>(
-    w: &[Vector<u32, NW>],
-    row0: usize,
-    row1: usize,
-    chunks: usize,
-    it0: usize,
-    t: usize,
-    wa: &mut Array<Vector<u32, NW>>,
-    wb: &mut Array<Vector<u32, NW>>,
-    #[comptime] grp: usize,
-) {
-    #[unroll]
-    for q in 0..grp {
-        let cc = ((it0 + q) * 4 + t).min(chunks - 1);
-        wa[q] = w[row0 * chunks + cc];
-        wb[q] = w[row1 * chunks + cc];
-    }
-}
-
-/// The end of the block of `block` rows from `first` in a call of `count` rows.
-#[cube]
-pub(super) fn block_end(first: usize, block: u32, count: usize) -> usize {
-    let end = first + block as usize;
-    if end < count {
-        end
-    } else {
-        count
-    }
-}
-
-/// Passes of `8 · nt` rows a plain (unrouted) tensor-core cube takes: one. A prefill's rows
-/// then spread over grid y in blocks of one pass instead of one cube row walking them all:
-/// at 1,024 rows the FP8 `in_proj` had 644 cubes of 4 warps (≈ 20 warps per H200 SM) and the
-/// dense `o_proj` 168 cubes of 16 warps splitting K, each walking 16 passes (ncu, PERF §15).
-pub const BLOCK_PASSES: usize = 1;
-
-/// Rows per block and blocks (grid y, folded onto z past 65,535) of a plain call over `rows`
-/// rows taken `8 · nt` per pass (pure; tested on the host).
-pub fn blocks(rows: usize, nt: usize) -> (usize, usize) {
-    let block = 8 * nt * BLOCK_PASSES;
-    (block, rows.div_ceil(block).max(1))
-}
-
-/// Token tiles of 8 per pass for `per_expert` tokens on average.
-pub(super) fn tiles(per_expert: usize) -> usize {
-    tiles_up_to(per_expert, 8)
-}
-
-/// Token tiles of 8 per pass for `per_expert` tokens on average, at most `max` (4, 8 or 16;
-/// pure, tested on the host).
-pub fn tiles_up_to(per_expert: usize, max: usize) -> usize {
-    let nt = match per_expert.div_ceil(8) {
-        0 | 1 => 1,
-        2 => 2,
-        3 | 4 => 4,
-        5..=8 => 8,
-        _ => 16,
-    };
-    nt.min(max)
-}
-
-/// Warps per cube of a tiled launch taking `nt` token tiles per pass with `warps` asked for:
-/// a cube stages `8 · nt` tokens × 16 vectors, one vector per thread at least, so 8 warps need
-/// 2 tiles or more (pure, tested on the host).
-pub fn tile_warps(warps: usize, nt: usize) -> usize {
-    warps.min(4 * nt).max(4)
 }

@@ -38,10 +38,6 @@ use cubecl::prelude::*;
 
 /// Warps of a cube along the weight rows.
 const WARPS_M: usize = 2;
-/// Warps of a cube along the tokens by default ([`GemmShape::warps_n`]).
-pub const GEMM_WARPS_N: usize = 4;
-/// Groups of 64 inputs per staged step by default ([`GemmShape::steps`]).
-pub const GEMM_STEPS: usize = 1;
 /// 16-row fragments per warp.
 const FRAGS_M: usize = 4;
 /// 8-token tiles per warp.
@@ -49,7 +45,7 @@ const TILES_N: usize = 4;
 /// Weight rows per cube.
 pub const GEMM_ROWS: usize = WARPS_M * FRAGS_M * 16;
 
-/// A GEMM launch's cube shape, from [`super::mma::MmaTuning`] (the caller passes it, so this
+/// A GEMM launch's cube shape, from [`super::super::tensor_core::MmaTuning`] (the caller passes it, so this
 /// module reads no setting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GemmShape {

@@ -1,5 +1,5 @@
 //! Tensor-core linears (CUDA `mma.sync`, bf16 activations): NVFP4 W4A16 (plain, or routed
-//! experts grouped by expert or slot-major) and FP8 W8A8 (plain, from one row; see [`MmaMin`]). A warp computes a 16-output-row tile
+//! experts grouped by expert or slot-major) and FP8 W8A8 (plain, from one row; see [`super::plan::MmaMin`]). A warp computes a 16-output-row tile
 //! for 8 tokens per `mma` — the weights are the `A` operand (16 × K), the activations `B` (K × 8)
 //! — so a weight is decoded once per 8 tokens instead of once per token, and the products run on
 //! the tensor cores instead of the FMA pipes. The weights stay packed in device memory and are
@@ -37,16 +37,14 @@
 //! and sum through shared memory. Tokens are taken `8 · nt` per pass; a routed cube whose
 //! expert has no slot leaves at once.
 
-use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, handle_arg, yz};
+use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, yz};
 use super::super::reduce::block_sum;
-pub use super::frag::blocks;
-use super::frag::{
-    block_end, chunk_load, e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, tiles, Fp8E4m3,
-    TWO_POW_112_BITS,
+use super::super::tensor_core::{
+    block_end, blocks, chunk_load, m_split, tiles, tuning, warp_sum, warp_sum_m, warps,
 };
+use super::frag::{e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, Fp8E4m3, TWO_POW_112_BITS};
 use super::grouped::group_in_one_cube;
 use super::plan::{Format, LinearPath, MmaForm};
-pub use super::plan::{MmaMin, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN};
 use super::{e4m3, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
 use burn::tensor::{bf16, DType};
@@ -55,29 +53,6 @@ use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Warps per cube, at least: they split K of the cube's 16-row tile (a grid of `n / 16` cubes
-/// fills the device even where `n` is a few thousand: 4096→2688 measured 63 µs for 64 rows with
-/// one tile per warp, 42 cubes). Grids of few cubes take more (`warps`).
-pub const WARPS: u32 = 4;
-
-/// Threads a launch aims to have resident (the default of [`MmaTuning::threads`]; a quarter of
-/// an H200's 132 × 2,048): below it the loads in flight cannot cover the memory latency (FP8
-/// 4096→2688 at batch 1 is 168 cubes: 21,504 threads of [`WARPS`] warps, ≈ 1.4 MB in flight;
-/// 16 warps per cube took the batch-1 Lightning step from 2.99 to 2.80 ms on the H200).
-pub const TARGET_THREADS: usize = 64 * 1024;
-
-/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time: [`WARPS`],
-/// doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
-/// warp still has a load round of its own.
-fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
-    let t = tuning();
-    let mut kw = WARPS as usize;
-    while t.widen && kw < 16 && cubes * kw * 32 < t.threads && 2 * kw * grp <= iters {
-        kw *= 2;
-    }
-    kw
-}
 
 /// Routing slots up to which one cube groups the slots by expert (`group_in_one_cube`, the ids
 /// staged in shared memory, compiled per slot count: decode batches, a few padded sizes).
@@ -96,75 +71,6 @@ pub fn set_sort_min_slots(slots: usize) {
 /// The current value of [`set_sort_min_slots`].
 pub fn sort_min_slots() -> usize {
     SORT_MIN_SLOTS.load(Ordering::Relaxed)
-}
-
-static MIN: [AtomicUsize; 11] = [
-    AtomicUsize::new(MMA_MIN_ROWS),
-    AtomicUsize::new(MMA_FP8_MIN_ROWS),
-    AtomicUsize::new(MMA_MIN_ROWS),
-    AtomicUsize::new(MMA_MIN_ROWS),
-    AtomicUsize::new(MMA_MIN_SLOTS),
-    AtomicUsize::new(MMA_TILE_MIN),
-    AtomicUsize::new(usize::MAX),
-    AtomicUsize::new(usize::MAX),
-    AtomicUsize::new(super::plan::FP8_MM_MIN),
-    AtomicUsize::new(super::plan::DENSE_MM_MIN),
-    AtomicUsize::new(super::plan::FP8_MM_MIN),
-];
-
-/// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
-pub fn set_mma(m: MmaMin) {
-    for (cell, v) in MIN.iter().zip([
-        m.nvfp4,
-        m.fp8,
-        m.dense,
-        m.slot_major,
-        m.grouped,
-        m.tile,
-        m.fp8_tile,
-        m.fp8_gemm,
-        m.fp8_mm,
-        m.dense_mm,
-        m.nvfp4_mm,
-    ]) {
-        cell.store(v, Ordering::Relaxed);
-    }
-}
-
-/// The current thresholds of [`set_mma`].
-pub fn mma() -> MmaMin {
-    let v = |i: usize| MIN[i].load(Ordering::Relaxed);
-    MmaMin {
-        nvfp4: v(0),
-        fp8: v(1),
-        dense: v(2),
-        slot_major: v(3),
-        grouped: v(4),
-        tile: v(5),
-        fp8_tile: v(6),
-        fp8_gemm: v(7),
-        fp8_mm: v(8),
-        dense_mm: v(9),
-        nvfp4_mm: v(10),
-    }
-}
-
-/// Every plain and slot-major path from `rows`, grouped routing from `slots` (`usize::MAX`
-/// turns a path off); the tiled kernels at their defaults.
-pub fn set_mma_min(rows: usize, slots: usize) {
-    set_mma(MmaMin {
-        nvfp4: rows,
-        fp8: rows,
-        dense: rows,
-        slot_major: rows,
-        grouped: slots,
-        tile: MMA_TILE_MIN,
-        fp8_tile: usize::MAX,
-        fp8_gemm: usize::MAX,
-        fp8_mm: super::plan::FP8_MM_MIN,
-        nvfp4_mm: super::plan::FP8_MM_MIN,
-        dense_mm: super::plan::DENSE_MM_MIN,
-    });
 }
 
 /// Rows of `x` up to which the FP8 tensor-core kernel quantizes them itself, in every cube
@@ -240,58 +146,6 @@ fn nvfp4_step<NX: Size>(
         def.execute_inplace(&ra, &rb, &mut cr);
         acc[2 * j] = cr[0];
         acc[2 * j + 1] = cr[1];
-    }
-}
-
-/// Sums the warps' accumulators into warp 0's (through shared memory; `kw` warps split K).
-/// Every warp of the cube calls it (it synchronizes the cube).
-#[cube]
-fn warp_sum(acc: &mut Array<Vector<f32, Const<2>>>, #[comptime] nt: usize, #[comptime] kw: usize) {
-    warp_sum_m(acc, nt, kw, 1usize);
-}
-
-/// [`warp_sum`] for a cube of `kw · mw` warps, warp `w` taking row tile `w % mw` and K part
-/// `w / mw`: each tile's K parts are summed into its part 0.
-#[cube]
-fn warp_sum_m(
-    acc: &mut Array<Vector<f32, Const<2>>>,
-    #[comptime] nt: usize,
-    #[comptime] kw: usize,
-    #[comptime] mw: usize,
-) {
-    if kw > 1 {
-        let mut sm = Shared::<[f32]>::new_slice(kw * mw * nt * 4 * 32);
-        let (warp, lane) = (UNIT_POS_Y as usize, UNIT_POS_X as usize);
-        let (mwarp, kwarp) = (warp % mw, warp / mw);
-        if kwarp > 0 {
-            #[unroll]
-            for j in 0..nt * 2 {
-                #[unroll]
-                for i in 0..2usize {
-                    sm[((warp * nt * 2 + j) * 2 + i) * 32 + lane] = acc[j].extract(i);
-                }
-            }
-        }
-        sync_cube();
-        if kwarp == 0 {
-            #[unroll]
-            for ww in 1..kw {
-                #[unroll]
-                for j in 0..nt * 2 {
-                    let mut v = acc[j];
-                    #[unroll]
-                    for i in 0..2usize {
-                        v.insert(
-                            i,
-                            v.extract(i)
-                                + sm[(((ww * mw + mwarp) * nt * 2 + j) * 2 + i) * 32 + lane],
-                        );
-                    }
-                    acc[j] = v;
-                }
-            }
-        }
-        sync_cube();
     }
 }
 
@@ -896,381 +750,9 @@ pub fn fp8_mma_kernel<NW: Size>(
     }
 }
 
-/// `y[m, n] = Σ_j W[n, j] · x[m, j]` on the tensor cores, bf16 weights and activations (the
-/// attention projections over a batch). Both are read as u32 words of two bf16 values: step `h`
-/// of a lane's 16-byte chunk (8 inputs) takes words `2h, 2h + 1` as they are, for `A` and `B`.
-/// One 16-row tile per cube, `kw` warps splitting K, `grp` 32-input steps loaded at once.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-pub fn dense_mma_kernel<NW: Size>(
-    x: &[Vector<u32, NW>],
-    w: &[Vector<u32, NW>],
-    y: &mut [bf16],
-    k: u32,
-    n_out: u32,
-    tokens: u32,
-    block: u32,
-    #[comptime] nt: usize,
-    #[comptime] kw: usize,
-    #[comptime] grp: usize,
-    #[comptime] pipe: bool,
-    #[comptime] mw: usize,
-) {
-    let count = tokens as usize;
-    let first = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize * block as usize;
-    let end = block_end(first, block, count);
-    let (n_out, k) = (n_out as usize, k as usize);
-    // `mw` warps take `mw` row tiles side by side (each walking all of K when `kw == 1`): they
-    // read the same activations at about the same time, so `mw - 1` of every `mw` reads hit L1.
-    if CUBE_POS_X as usize * mw * 16 >= n_out || first >= end {
-        terminate!();
-    }
-    let (lane, warp_) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
-    // A tile past `n_out` computes clamped rows and writes nothing (every warp stays for the
-    // cube's barriers).
-    let (warp, tile) = (warp_ / mw, (CUBE_POS_X as usize * mw + warp_ % mw) * 16);
-    let (g, t) = (lane / 4, lane % 4);
-    let row0 = (tile + g).min(n_out - 1);
-    let row1 = (tile + g + 8).min(n_out - 1);
-    let chunks = k / 8;
-    let iters = chunks.div_ceil(4);
-    let def = MmaDefinition::<bf16, bf16, f32>::new(16usize, 8usize, 16usize);
-    let mut pass = first;
-    while pass < end {
-        let mut xrow = Array::<usize>::new(nt);
-        let mut acc = Array::<Vector<f32, Const<2>>>::new(nt * 2);
-        #[unroll]
-        for j in 0..nt {
-            xrow[j] = (pass + j * 8 + g).min(count - 1) * chunks;
-            acc[2 * j] = Vector::new(0.0f32);
-            acc[2 * j + 1] = Vector::new(0.0f32);
-        }
-        let step = kw * grp;
-        let mut it0 = warp * grp;
-        // `pipe`: the next step's loads are issued before this step's `mma`s.
-        let mut na = Array::<Vector<u32, NW>>::new(grp);
-        let mut nb_ = Array::<Vector<u32, NW>>::new(grp);
-        if pipe {
-            chunk_load(w, row0, row1, chunks, it0, t, &mut na, &mut nb_, grp);
-        }
-        while it0 < iters {
-            let mut wa = Array::<Vector<u32, NW>>::new(grp);
-            let mut wb = Array::<Vector<u32, NW>>::new(grp);
-            if pipe {
-                #[unroll]
-                for q in 0..grp {
-                    wa[q] = na[q];
-                    wb[q] = nb_[q];
-                }
-                chunk_load(w, row0, row1, chunks, it0 + step, t, &mut na, &mut nb_, grp);
-            } else {
-                chunk_load(w, row0, row1, chunks, it0, t, &mut wa, &mut wb, grp);
-            }
-            #[unroll]
-            for q in 0..grp {
-                let c = (it0 + q) * 4 + t;
-                let cc = c.min(chunks - 1);
-                // Chunks past the row's end weigh nothing (+0 · x).
-                let z = if c < chunks { 0xFFFF_FFFFu32 } else { 0u32 };
-                let (va, vb) = (wa[q], wb[q]);
-                #[unroll]
-                for h in 0..2usize {
-                    let mut ra = Array::<Vector<bf16, Const<2>>>::new(4usize);
-                    ra[0] = Vector::<bf16, Const<2>>::reinterpret(va.extract(2 * h) & z);
-                    ra[1] = Vector::<bf16, Const<2>>::reinterpret(vb.extract(2 * h) & z);
-                    ra[2] = Vector::<bf16, Const<2>>::reinterpret(va.extract(2 * h + 1) & z);
-                    ra[3] = Vector::<bf16, Const<2>>::reinterpret(vb.extract(2 * h + 1) & z);
-                    #[unroll]
-                    for j in 0..nt {
-                        let xv = x[xrow[j] + cc];
-                        let mut rb = Array::<Vector<bf16, Const<2>>>::new(2usize);
-                        rb[0] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h));
-                        rb[1] = Vector::<bf16, Const<2>>::reinterpret(xv.extract(2 * h + 1));
-                        let mut cr = Array::<Vector<f32, Const<2>>>::new(2usize);
-                        cr[0] = acc[2 * j];
-                        cr[1] = acc[2 * j + 1];
-                        def.execute_inplace(&ra, &rb, &mut cr);
-                        acc[2 * j] = cr[0];
-                        acc[2 * j + 1] = cr[1];
-                    }
-                }
-            }
-            it0 += step;
-        }
-        warp_sum_m(&mut acc, nt, kw, mw);
-        if warp == 0 {
-            #[unroll]
-            for j in 0..nt {
-                #[unroll]
-                for v in 0..2usize {
-                    let n = tile + g + 8 * v;
-                    #[unroll]
-                    for i in 0..2usize {
-                        let tok = pass + j * 8 + 2 * t + i;
-                        if n < n_out && tok < count {
-                            y[tok * n_out + n] = bf16::cast_from(acc[2 * j + v].extract(i));
-                        }
-                    }
-                }
-            }
-        }
-        pass += nt * 8;
-    }
-}
-
-/// Whether an NVFP4 call of `rows` plain rows or `slots` grouped routing slots runs the tiled
-/// kernel: from [`MmaMin::tile`].
+/// One cube per 16 output rows (x) and per expert (y) of a grouped launch.
 fn grid(n: usize, experts: usize) -> CubeCount {
     CubeCount::Static(n.div_ceil(16) as u32, experts as u32, 1)
-}
-
-/// 128/64/32-input steps (NVFP4/FP8/dense) a warp loads before it computes (the default of
-/// [`MmaTuning::group`]).
-pub const GROUP: usize = 2;
-
-/// How the tensor-core kernels stream their weights: `group` steps per load round (1, 2, 4 or
-/// 8), and whether the next round's loads are issued before the current round's work
-/// (`pipe`; software pipelining, two rounds in flight per warp).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MmaTuning {
-    pub group: usize,
-    pub pipe: bool,
-    /// Small grids take more warps per cube (`warps`); off: always [`WARPS`].
-    pub widen: bool,
-    /// The threads a widened grid aims for.
-    pub threads: usize,
-    /// Warps per cube of the tiled kernels ([`super::tile`]): 4 or 8 (64 or 128 weight rows;
-    /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
-    /// [`super::frag::tile_warps`]).
-    pub tile_warps: usize,
-    /// The most token tiles of 8 a tiled cube takes per pass: 4, 8 or 16 (32, 64 or 128
-    /// tokens).
-    pub tile_tiles: usize,
-    /// Fragments of 16 weight rows per warp of the tiled NVFP4 kernel: 1 or 2 (with 2, each
-    /// staged activation word read from shared memory feeds two `mma`s).
-    pub tile_frags: usize,
-    /// Shared buffers of staged activations in the tiled kernels: 1 (two barriers per
-    /// step: the next step's stores wait for every warp's reads) or 2 (one barrier per step:
-    /// the next step's stores go to the other buffer).
-    pub tile_buffers: usize,
-    /// Cube rows per expert of a routed tiled launch: 1 to 4 (each part takes every
-    /// `parts`-th pass of the expert's slots).
-    pub tile_parts: usize,
-    /// Warps along the tokens of the FP8 GEMM ([`super::gemm`]): 2 or 4 (64 or 128 tokens per
-    /// cube).
-    pub gemm_warps_n: usize,
-    /// Groups of 64 inputs per staged step of the FP8 GEMM: 1 or 2.
-    pub gemm_steps: usize,
-    /// [`fp8_mma_kernel()`] and the tiled FP8 kernel accumulate in the `mma` itself (on) instead
-    /// of each `k32` `mma` into a zeroed accumulator added to the running sum in f32 (off;
-    /// module docs).
-    pub fp8_direct: bool,
-    /// Warps of a [`WARPS`]-warp cube of the plain FP8 and dense `mma` kernels that take row
-    /// tiles side by side: 1, 2 or 4 (the other `WARPS / m_warps` split K). With more than
-    /// one, the warps of a cube read the same activations, which then come from L1 instead of
-    /// L2 (at 64 × 128 `in_proj`'s 644 single-tile cubes per row block read each activation 644
-    /// times from L2). Widened launches (small grids) keep 1.
-    pub m_warps: usize,
-    /// The NVFP4 tensor-core kernels decode E2M1 in bf16 alone
-    /// ([`super::frag::e2m1_pair_bf16()`]; [`super::tile::TileShape::bf16_decode`]).
-    pub bf16_decode: bool,
-}
-
-impl Default for MmaTuning {
-    fn default() -> Self {
-        MmaTuning {
-            group: GROUP,
-            pipe: PIPE,
-            widen: true,
-            threads: TARGET_THREADS,
-            tile_warps: super::tile::TILE_WARPS,
-            tile_tiles: super::tile::TILE_TILES,
-            tile_frags: super::tile::TILE_FRAGS,
-            tile_buffers: super::tile::TILE_BUFFERS,
-            tile_parts: super::tile::TILE_PARTS,
-            gemm_warps_n: super::gemm::GEMM_WARPS_N,
-            gemm_steps: super::gemm::GEMM_STEPS,
-            fp8_direct: FP8_DIRECT,
-            m_warps: M_WARPS,
-            bf16_decode: BF16_DECODE,
-        }
-    }
-}
-
-/// The default of [`MmaTuning::pipe`].
-pub const PIPE: bool = false;
-
-/// The default of [`MmaTuning::fp8_direct`]. On sm_90 the E4M3 `mma` is no tensor-core FP8
-/// instruction: `ptxas` widens each operand to f16 (`F2FP.F16.E4M3.UNPACK_B`) and runs two
-/// f16 `HMMA.16816.F32` with a zero accumulator, so every `k32` step costs 4 `FADD`s besides:
-/// 40 % of `fp8_mma_kernel`'s instructions at 1,024 rows (ncu source counters, H100, PERF §26),
-/// against 10 % `HMMA`. Accumulating in the `HMMA` is the f32 accumulation the bf16 kernels
-/// already use. On by default since the whole-model CUDA parity passed with it (16/16,
-/// `NEMOTRON_TEST_KERNELS=fp8direct=on`) and it measured +0.6 to +1.8 % prefill at 8 / 16 /
-/// 64 × 128 on an H100 (PERF §28, against two runs of the default; §26 had +0.3 to +1.0 %:
-/// small, as the kernel waits on latency, 7.7 cycles per issued instruction, more than it
-/// issues).
-pub const FP8_DIRECT: bool = true;
-
-/// The default of [`MmaTuning::bf16_decode`]: on. On an H100 it measured +3.5 / +4.8 / +3.9 %
-/// prefill at 8 / 16 / 64 × 128 and −11 / −10 / −8 % decode step time at batch 8 / 16 / 64
-/// (PERF §27). The f16 → f32 → bf16 path had been ≈ 5.6 of the tiled kernel's ≈ 10 instructions
-/// per `HMMA` (PERF §26). The products are the same (a power of two moved from the weights to
-/// the f32 sums).
-pub const BF16_DECODE: bool = true;
-
-/// The default of [`MmaTuning::m_warps`]: 1. On an H100, 2 and 4 measured +0.4 % and −2.2 % prefill
-/// at 16 × 128, and slowed decode batches by up to 7 % (PERF §27).
-pub const M_WARPS: usize = 1;
-
-/// `(kw, mw)`: warps splitting K and warps side by side over row tiles of a plain FP8 or dense
-/// `mma` launch, from the `kw` that [`warps`] chose and the tuning's `m_warps` (pure, tested
-/// on the host): a launch of [`WARPS`] warps trades K parts for row tiles; a widened one (a
-/// small grid, where more K parts fill the device) keeps one row tile.
-pub fn m_split(kw: usize, m_warps: usize) -> (usize, usize) {
-    if kw == WARPS as usize && m_warps > 1 && kw.is_multiple_of(m_warps) {
-        (kw / m_warps, m_warps)
-    } else {
-        (kw, 1)
-    }
-}
-
-static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
-static TUNE_PIPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(PIPE);
-static TUNE_WIDEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
-static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(super::tile::TILE_WARPS);
-static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(super::tile::TILE_TILES);
-static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(super::tile::TILE_FRAGS);
-static TUNE_TILE_BUFFERS: AtomicUsize = AtomicUsize::new(super::tile::TILE_BUFFERS);
-static TUNE_TILE_PARTS: AtomicUsize = AtomicUsize::new(super::tile::TILE_PARTS);
-static TUNE_GEMM_WARPS_N: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_WARPS_N);
-static TUNE_GEMM_STEPS: AtomicUsize = AtomicUsize::new(super::gemm::GEMM_STEPS);
-static TUNE_FP8_DIRECT: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(FP8_DIRECT);
-static TUNE_M_WARPS: AtomicUsize = AtomicUsize::new(M_WARPS);
-static TUNE_BF16_DECODE: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(BF16_DECODE);
-
-/// Sets [`MmaTuning`] (process-wide; for tests and benchmarks); a value the kernels cannot take
-/// is refused by name ([`MmaTuning::check`]) and nothing is set.
-pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
-    t.check()?;
-    TUNE_TILE_FRAGS.store(t.tile_frags, Ordering::Relaxed);
-    TUNE_TILE_BUFFERS.store(t.tile_buffers, Ordering::Relaxed);
-    TUNE_TILE_PARTS.store(t.tile_parts, Ordering::Relaxed);
-    TUNE_GEMM_WARPS_N.store(t.gemm_warps_n, Ordering::Relaxed);
-    TUNE_GEMM_STEPS.store(t.gemm_steps, Ordering::Relaxed);
-    TUNE_FP8_DIRECT.store(t.fp8_direct, Ordering::Relaxed);
-    TUNE_M_WARPS.store(t.m_warps, Ordering::Relaxed);
-    TUNE_BF16_DECODE.store(t.bf16_decode, Ordering::Relaxed);
-    TUNE_TILE_WARPS.store(t.tile_warps, Ordering::Relaxed);
-    TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
-    TUNE_GROUP.store(t.group, Ordering::Relaxed);
-    TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
-    TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
-    TUNE_THREADS.store(t.threads, Ordering::Relaxed);
-    Ok(())
-}
-
-impl MmaTuning {
-    /// Refuses, naming the knob (by its `bench --mma-min` key) and the values allowed, a group
-    /// other than 1, 2, 4 or 8, tile warps other than 4 or 8, token tiles other than 4, 8 or
-    /// 16, row fragments or staging buffers other than 1 or 2, parts per expert outside 1–4,
-    /// GEMM warps along tokens other than 2 or 4, GEMM groups per step other than 1 or 2, or
-    /// warps over row tiles other than 1, 2 or 4.
-    pub fn check(&self) -> Result<(), String> {
-        let knobs: [(&str, &str, usize, &[usize]); 9] = [
-            (
-                "mw",
-                "FP8 and dense mma kernel warps over row tiles",
-                self.m_warps,
-                &[1, 2, 4],
-            ),
-            ("grp", "tensor-core load group", self.group, &[1, 2, 4, 8]),
-            (
-                "tw",
-                "tiled kernel warps per cube",
-                self.tile_warps,
-                &[4, 8],
-            ),
-            (
-                "nt",
-                "tiled kernel token tiles per pass",
-                self.tile_tiles,
-                &[4, 8, 16],
-            ),
-            (
-                "rf",
-                "tiled kernel row fragments per warp",
-                self.tile_frags,
-                &[1, 2],
-            ),
-            (
-                "buf",
-                "tiled kernel staging buffers",
-                self.tile_buffers,
-                &[1, 2],
-            ),
-            (
-                "tp",
-                "tiled kernel cube rows per expert",
-                self.tile_parts,
-                &[1, 2, 3, 4],
-            ),
-            (
-                "gw",
-                "FP8 GEMM warps along tokens",
-                self.gemm_warps_n,
-                &[2, 4],
-            ),
-            (
-                "gk",
-                "FP8 GEMM 64-input groups per step",
-                self.gemm_steps,
-                &[1, 2],
-            ),
-        ];
-        for (key, what, v, ok) in knobs {
-            if !ok.contains(&v) {
-                return Err(format!("{key}={v} ({what}): expected one of {ok:?}"));
-            }
-        }
-        Ok(())
-    }
-
-    /// The tiled kernels' cube shape.
-    pub fn tile_shape(&self) -> super::tile::TileShape {
-        super::tile::TileShape {
-            warps: self.tile_warps,
-            tiles: self.tile_tiles,
-            frags: self.tile_frags,
-            buffers: self.tile_buffers,
-            parts: self.tile_parts,
-            bf16_decode: self.bf16_decode,
-            fp8_direct: self.fp8_direct,
-        }
-    }
-}
-
-/// The current [`MmaTuning`].
-pub fn tuning() -> MmaTuning {
-    MmaTuning {
-        group: TUNE_GROUP.load(Ordering::Relaxed),
-        pipe: TUNE_PIPE.load(Ordering::Relaxed),
-        widen: TUNE_WIDEN.load(Ordering::Relaxed),
-        threads: TUNE_THREADS.load(Ordering::Relaxed),
-        tile_warps: TUNE_TILE_WARPS.load(Ordering::Relaxed),
-        tile_tiles: TUNE_TILE_TILES.load(Ordering::Relaxed),
-        tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),
-        tile_buffers: TUNE_TILE_BUFFERS.load(Ordering::Relaxed),
-        tile_parts: TUNE_TILE_PARTS.load(Ordering::Relaxed),
-        gemm_warps_n: TUNE_GEMM_WARPS_N.load(Ordering::Relaxed),
-        gemm_steps: TUNE_GEMM_STEPS.load(Ordering::Relaxed),
-        fp8_direct: TUNE_FP8_DIRECT.load(Ordering::Relaxed),
-        m_warps: TUNE_M_WARPS.load(Ordering::Relaxed),
-        bf16_decode: TUNE_BF16_DECODE.load(Ordering::Relaxed),
-    }
 }
 
 /// The tensor-core launch of an NVFP4 call in `form`, as [`super::plan`] chose it (bf16,
@@ -1534,7 +1016,14 @@ fn fp8_with<R: CubeRuntime>(
             return;
         }
         LinearPath::Tiled { .. } if inq == 0 => {
-            super::tile::fp8(c, &xq, &w.weight, &is, &ws, tuning().tile_shape());
+            super::tile::fp8(
+                c,
+                &xq,
+                &w.weight,
+                &is,
+                &ws,
+                super::tile::TileShape::of(&tuning()),
+            );
             return;
         }
         _ => {}
@@ -1587,56 +1076,4 @@ fn fp8_with<R: CubeRuntime>(
             mw,
         )
     };
-}
-
-/// The tensor-core launch of a dense bf16 linear `x [M, K] · w [N, K]ᵀ`, where it applies (both
-/// bf16, `k % 8 == 0`, CUDA `mma`, enough rows): `None` otherwise.
-pub(crate) fn dense<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<CubeTensor<R>> {
-    let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
-    let n = w.meta.shape()[0];
-    let bf16_mma = cubecl::ir::ElemType::Float(cubecl::ir::FloatKind::BF16).into();
-    if x.dtype != DType::BF16
-        || w.dtype != DType::BF16
-        || k % 8 != 0
-        || m < mma().dense
-        || !crate::cube::tuning::mma_supported(&x.client, bf16_mma, 16)
-    {
-        return None;
-    }
-    let x = super::super::buffers::contiguous_as(x.clone(), DType::BF16);
-    let w = super::super::buffers::contiguous_as(w.clone(), DType::BF16);
-    let y = empty(&x, [m, n], DType::BF16);
-    let nt = tiles(m);
-    let (block, nblocks) = blocks(m, nt);
-    let kw = warps(
-        n.div_ceil(16) * nblocks,
-        (k / 8).div_ceil(4),
-        tuning().group,
-    );
-    let (kw, mw) = m_split(kw, tuning().m_warps);
-    let (gy, gz) = yz(nblocks);
-    // Safety: both buffers are contiguous bf16 of `m · k` and `n · k` values, read as `· / 2` u32
-    // words in 16-byte vectors (`k % 8 == 0`); tokens and rows past the ends are clamped and never
-    // written.
-    unsafe {
-        dense_mma_kernel::launch_unchecked::<R>(
-            &x.client,
-            CubeCount::Static(n.div_ceil(16 * mw) as u32, gy, gz),
-            CubeDim::new_2d(32, (kw * mw) as u32),
-            4,
-            handle_arg(&x.handle, m * k / 2),
-            handle_arg(&w.handle, n * k / 2),
-            arg(&y),
-            k as u32,
-            n as u32,
-            m as u32,
-            block as u32,
-            nt,
-            kw,
-            tuning().group,
-            tuning().pipe,
-            mw,
-        )
-    };
-    Some(y)
 }

@@ -328,7 +328,7 @@ impl<R: CubeRuntime> Call<R> {
     /// This call's path ([`plan::plan`]) on its device with the current settings, `experts`
     /// the weight stack's.
     pub fn plan(&self, format: plan::Format, experts: usize) -> plan::LinearPlan {
-        self.plan_with(format, experts, mma::mma())
+        self.plan_with(format, experts, super::tensor_core::mma())
     }
 
     /// [`Self::plan`] with the decoded path off (where it was refused).
@@ -336,7 +336,7 @@ impl<R: CubeRuntime> Call<R> {
         let min = plan::MmaMin {
             fp8_mm: usize::MAX,
             nvfp4_mm: usize::MAX,
-            ..mma::mma()
+            ..super::tensor_core::mma()
         };
         self.plan_with(format, experts, min)
     }

@@ -397,7 +397,7 @@ impl<R: CubeRuntime> Weights<R> for Nvfp4Weights<CubeBackend<R>> {
                 c,
                 self,
                 super::mma::sort_min_slots(),
-                super::mma::tuning().tile_shape(),
+                super::tile::TileShape::of(&super::super::tensor_core::tuning()),
             )
             .is_some(),
             LinearPath::Mma(form) => super::mma::nvfp4(c, self, form).is_some(),

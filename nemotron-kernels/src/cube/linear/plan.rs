@@ -59,7 +59,7 @@ pub struct MmaMin {
     pub nvfp4_mm: usize,
     /// Rows from which a dense linear whose activations are in its weight's type runs on
     /// cubek's tiled matmul instead of
-    /// [`super::mma::dense_mma_kernel()`] (`crate::cube::matmul::linear_launch`).
+    /// [`crate::cube::matmul::mma::dense_mma_kernel()`] ([`crate::cube::matmul::linear_launch`]).
     pub dense_mm: usize,
 }
 

@@ -1,6 +1,6 @@
 //! Tensor-core NVFP4 linears over many rows (prefill): a cube of `tw` warps (4 or 8,
-//! [`super::mma::MmaTuning::tile_warps`]) takes `16 · tw` weight rows × `8 · nt` tokens (`nt` up
-//! to 8 or 16, [`super::mma::MmaTuning::tile_tiles`]), the warps side by side over the rows instead
+//! [`MmaTuning::tile_warps`]) takes `16 · tw` weight rows × `8 · nt` tokens (`nt` up
+//! to 8 or 16, [`MmaTuning::tile_tiles`]), the warps side by side over the rows instead
 //! of splitting K ([`super::mma`]'s kernel), and the tokens' activations staged in shared memory
 //! one 128-input step at a time.
 //!
@@ -11,7 +11,7 @@
 //! global memory once per cube (coalesced, 256 bytes per token), feed `16 · tw` weight rows, and the
 //! next step's loads (activations and weights) are in flight while the current step's `mma`s
 //! run. No cross-warp sum: each warp owns its rows' whole K (with `rf = 2`,
-//! [`super::mma::MmaTuning::tile_frags`], two fragments of 16 rows, each staged word feeding two
+//! [`MmaTuning::tile_frags`], two fragments of 16 rows, each staged word feeding two
 //! `mma`s).
 //!
 //! **Math.** Exactly [`super::mma`]'s (module docs there): lane `(g, t)` decodes the E2M1 pairs
@@ -36,14 +36,14 @@
 //! chunks of weights loaded for the next step while this one's `mma`s run.
 //!
 //! Grid: x = tiles of `16 · tw` rows; y = experts (grouped routing: expert `e`'s slots
-//! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::frag::blocks`],
+//! from `members[counts[E + e]]`) or blocks of `8 · nt` rows (plain, [`super::super::tensor_core::blocks`],
 //! folded onto z past 65,535).
 
 use super::super::buffers::{arg, empty, yz, MAX_CUBES};
-use super::frag::{
-    block_end, blocks, chunk_load, e2m1_pair, e2m1_pair_bf16, fp8_a, tile_warps, tiles_up_to,
-    Fp8E4m3, TWO_POW_112_BITS,
+use super::super::tensor_core::{
+    block_end, blocks, chunk_load, tile_warps, tiles_up_to, MmaTuning,
 };
+use super::frag::{e2m1_pair, e2m1_pair_bf16, fp8_a, Fp8E4m3, TWO_POW_112_BITS};
 use super::{e4m3, epilogue, store3, Call};
 use crate::Nvfp4Weights;
 use burn::tensor::{bf16, DType};
@@ -52,19 +52,7 @@ use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::cmma::MmaDefinition;
 use cubecl::prelude::*;
 
-/// Warps per cube, side by side over the weight rows, by default
-/// ([`super::mma::MmaTuning::tile_warps`]: 4 or 8). 8 (128 rows per cube, each staged
-/// activation read by twice the rows) measured 1.7–4.6 % faster prefill than 4 on the H200 at
-/// 1 × 1,024, 16 × 128 and 64 × 128 (PERF §19).
-pub const TILE_WARPS: usize = 8;
-
-/// Fragments of 16 weight rows per warp of the NVFP4 kernel, by default
-/// ([`super::mma::MmaTuning::tile_frags`]: 1 or 2). 2 halves the shared-memory reads per `mma`
-/// (the kernel's L1 throughput is 77–88 % busy) but doubles the accumulators: on the H200 it
-/// measured 6.5–9 % slower prefill (0.5 % with 16 token tiles at 64 × 128) (PERF §19; the kernel sits at 128 registers, occupancy-bound).
-pub const TILE_FRAGS: usize = 1;
-
-/// A tiled launch's cube shape, from [`super::mma::MmaTuning`] (the caller passes it, so this
+/// A tiled launch's cube shape, from [`MmaTuning`] (the caller passes it, so this
 /// module reads no setting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileShape {
@@ -84,25 +72,24 @@ pub struct TileShape {
     /// instead of through f16 and f32 ([`super::frag::e2m1_pair()`]); the same products.
     pub bf16_decode: bool,
     /// The FP8 kernel accumulates in the `mma` itself instead of per `k32` step into a zeroed
-    /// accumulator added in f32 ([`super::mma::MmaTuning::fp8_direct`]).
+    /// accumulator added in f32 ([`MmaTuning::fp8_direct`]).
     pub fp8_direct: bool,
 }
 
-/// The most token tiles of 8 per pass, by default ([`super::mma::MmaTuning::tile_tiles`]: 8 or
-/// 16).
-pub const TILE_TILES: usize = 8;
-
-/// Shared staging buffers by default ([`super::mma::MmaTuning::tile_buffers`]: 1 or 2). Two
-/// (one barrier per step) measured 1.2 % slower at 1 × 1,024 and 1.2–1.4 % slower with
-/// `tp=2` at 16 and 64 × 128 on an H100 (PERF §23): the barrier was not what the kernel waits on.
-pub const TILE_BUFFERS: usize = 1;
-
-/// Cube rows per expert of a routed tiled launch by default
-/// ([`super::mma::MmaTuning::tile_parts`]: 1 to 4). 4 measured +6.6 % prefill at 16 × 128 and
-/// +8.9 % at 64 × 128 against 1 on an H100 (2: +4.9 / +6.4 %; PERF §23): an expert's passes run
-/// side by side instead of one after another in one cube. Prompts whose experts hold at most one
-/// pass (64 slots) leave the extra cubes nothing to do; they exit at once.
-pub const TILE_PARTS: usize = 4;
+impl TileShape {
+    /// The tiled kernels' cube shape under tuning `t`.
+    pub fn of(t: &MmaTuning) -> Self {
+        TileShape {
+            warps: t.tile_warps,
+            tiles: t.tile_tiles,
+            frags: t.tile_frags,
+            buffers: t.tile_buffers,
+            parts: t.tile_parts,
+            bf16_decode: t.bf16_decode,
+            fp8_direct: t.fp8_direct,
+        }
+    }
+}
 
 /// Shared-memory vectors per staged token (16 used, 4 of padding; module docs).
 pub const ROW_STRIDE: usize = 20;

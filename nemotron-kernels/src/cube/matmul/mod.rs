@@ -10,17 +10,21 @@
 //! batch-1 GEMV busy. Every output's sum runs in the same order whatever the rows per cube.
 
 //!
-//! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —
+//! [`linear_launch`] (`x · wᵀ` for `w [N, K]`): from `dense_mm` rows in the weight's type,
+//! cubek's tiled matmul ([`tiled`]); from `dense` bf16 rows, the tensor-core kernel ([`mma`]; both
+//! thresholds are [`super::tensor_core::mma`]'s); up to [`GEMV_MAX_ROWS`] rows, the dense GEMV —
 //! the linear kernels' geometry ([`super::linear::dispatch`]): a unit row per 1–4 output rows,
 //! lanes over 4-element chunks of `w`'s rows (16-byte loads for f32 weights), warp-shuffle sums
 //! on CUDA; more rows go through [`matmul_kernel()`] over `wᵀ` made contiguous.
+
+pub(crate) mod mma;
 
 use super::buffers::{arg, contiguous_as, empty, float_buf, with_float, yz};
 use super::linear::dispatch::{
     gemv_count, gemv_dim, gemv_group, plane_reduce, rows_per_unit_row, GEMV_LANES, GEMV_ROWS,
     GEMV_UNITS,
 };
-use super::linear::lane_sum;
+use super::reduce::lane_sum;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
@@ -134,7 +138,7 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     if let Some(y) = dense_tiled(&x, &w) {
         return y;
     }
-    if let Some(y) = super::linear::mma::dense(&x, &w) {
+    if let Some(y) = mma::launch(&x, &w) {
         return y;
     }
     let (m, k) = (x.meta.shape()[0], x.meta.shape()[1]);
@@ -179,7 +183,7 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
 }
 
 /// `x · wᵀ` on cubek's tiled matmul ([`tiled`], `w` read transposed in place) for rows from
-/// [`super::linear::plan::MmaMin::dense_mm`] whose activations are in the weight's type; `None`
+/// [`super::tensor_core::mma`]'s `dense_mm` whose activations are in the weight's type; `None`
 /// where that does not apply or the kernel refuses the shape.
 fn dense_tiled<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<CubeTensor<R>> {
     type B<R> = CubeBackend<R>;
@@ -187,7 +191,7 @@ fn dense_tiled<R: CubeRuntime>(x: &CubeTensor<R>, w: &CubeTensor<R>) -> Option<C
     let n = w.meta.shape()[0];
     // Activations in the weight's type only: the router's f32 weight over bf16 activations
     // keeps the exact kernel (a reordered sum can flip its experts).
-    if x.dtype != w.dtype || m < super::linear::mma::mma().dense_mm || m < TILED_MIN {
+    if x.dtype != w.dtype || m < super::tensor_core::mma().dense_mm || m < TILED_MIN {
         return None;
     }
     let dtype = w.dtype;
