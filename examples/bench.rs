@@ -103,6 +103,11 @@ struct Args {
     /// With --engine: the most tokens of one prompt a step prefills (0: no limit).
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
+    /// With --engine: size the slots from device memory (a size, 24GiB, or a fraction of the
+    /// memory free after loading, 0.9; CUDA) instead of one slot per batch row; every batch must
+    /// fit the slots that gives.
+    #[arg(long)]
+    slot_memory: Option<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -224,8 +229,11 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     if !a.graphs.is_empty() && !a.engine {
         return Err("--graphs applies to the engine: add --engine".into());
     }
-    if (a.step_tokens != 0 || a.prefill_chunk != 0) && !a.engine {
-        return Err("--step-tokens and --prefill-chunk apply to the engine: add --engine".into());
+    if (a.step_tokens != 0 || a.prefill_chunk != 0 || a.slot_memory.is_some()) && !a.engine {
+        return Err(
+            "--step-tokens, --prefill-chunk and --slot-memory apply to the engine: add --engine"
+                .into(),
+        );
     }
     let t0 = Instant::now();
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
@@ -386,8 +394,23 @@ fn engine_run_one(
     plen: usize,
     graphs: bool,
 ) -> Res<(f64, f64)> {
-    use nemotron::model::{Engine, EngineOptions, GenerateOptions};
-    let mut opts = EngineOptions::new(batch, plen + a.decode + 1);
+    use nemotron::model::{Engine, EngineOptions, GenerateOptions, SlotMemory};
+    let cap = plen + a.decode + 1;
+    let mut opts = match &a.slot_memory {
+        None => EngineOptions::new(batch, cap),
+        Some(sm) => {
+            let sm: SlotMemory = sm.parse()?;
+            let o = EngineOptions::for_memory(m, sm.budget(m.device())?, cap)?;
+            if o.max_batch < batch {
+                return Err(format!(
+                    "--slot-memory {sm} holds {} slots of {cap} tokens: fewer than batch {batch}",
+                    o.max_batch
+                )
+                .into());
+            }
+            o
+        }
+    };
     opts.graphs = graphs;
     opts.step_tokens = a.step_tokens;
     opts.prefill_chunk = a.prefill_chunk;
@@ -463,7 +486,7 @@ fn engine_run_one(
     }
     let (p1, p, d) = (median(adm), median(pre), median(dec));
     println!(
-        "nemotron-rs engine (graphs {}{}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; slots {:.1} MiB",
+        "nemotron-rs engine (graphs {}{}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; {} slots, {:.1} MiB",
         if graphs { "on" } else { "off" },
         if a.step_tokens != 0 || a.prefill_chunk != 0 {
             format!(
@@ -476,6 +499,7 @@ fn engine_run_one(
         if e.captured().is_empty() { ", none captured".to_string() } else { format!(", captured {:?}", e.captured()) },
         1e3 * batch as f64 / d,
         a.repeats.max(1),
+        e.slots().slots(),
         e.slots().bytes() as f64 / (1u64 << 20) as f64
     );
     Ok((p1, d))

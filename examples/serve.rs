@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `cargo run --release --features cuda --example serve -- --model DIR|HUB_ID [--revision R]
-//!  --backend cuda --dtype bf16 [--host 127.0.0.1 --port 8000] [--max-batch 16] [--max-queue 256]
+//!  --backend cuda --dtype bf16 [--host 127.0.0.1 --port 8000] [--max-batch 16 | --slot-memory 0.9]
+//!  [--max-queue 256]
 //!  [--context-length N] [--graphs on|off] [--served-model-name NAME]`
 //!
 //! A Hub id resolves through the Hugging Face cache (`HF_HOME`, `HF_HUB_CACHE`), downloading
@@ -39,9 +40,13 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Sequences decoded together (state slots, allocated at start).
-    #[arg(long, default_value_t = 16)]
-    max_batch: usize,
+    /// Sequences decoded together (state slots, allocated at start; default 16).
+    #[arg(long, conflicts_with = "slot_memory")]
+    max_batch: Option<usize>,
+    /// Size the slots from device memory instead of --max-batch: as many as fit (at most 256) in
+    /// a size (24GiB) or a fraction of the memory free after loading (0.9; CUDA).
+    #[arg(long)]
+    slot_memory: Option<String>,
     /// Requests that may wait for a slot; past that, 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
@@ -103,7 +108,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let mut o = ServerOptions::new(a.served_model_name.as_deref().unwrap_or(&name));
-    o.max_batch = a.max_batch;
+    o.max_batch = a.max_batch.unwrap_or(16);
+    o.slot_memory = a
+        .slot_memory
+        .as_deref()
+        .map(str::parse::<nemotron::model::SlotMemory>)
+        .transpose()?;
     o.max_queue = a.max_queue;
     o.context_length = a.context_length;
     o.graphs = graphs;

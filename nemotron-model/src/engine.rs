@@ -47,11 +47,14 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
 }
 
+/// The most slots [`EngineOptions::for_memory`] gives an engine (the largest padded batch size).
+pub const MAX_SLOTS: usize = 256;
+
 impl EngineOptions {
     /// `max_batch` slots of `capacity` tokens, graphs on, batches padded to 1, 2, 4, 8, 16, 32,
-    /// 64 (and `max_batch`).
+    /// 64, 128, 256 (and `max_batch`).
     pub fn new(max_batch: usize, capacity: usize) -> Self {
-        let mut batch_sizes: Vec<usize> = [1, 2, 4, 8, 16, 32, 64]
+        let mut batch_sizes: Vec<usize> = [1, 2, 4, 8, 16, 32, 64, 128, 256]
             .into_iter()
             .filter(|&b| b < max_batch)
             .collect();
@@ -63,6 +66,111 @@ impl EngineOptions {
             batch_sizes,
             step_tokens: 0,
             prefill_chunk: 0,
+        }
+    }
+
+    /// As many slots of `capacity` tokens as `budget` bytes of device memory hold (each
+    /// [`NemotronH::slot_bytes`]), at most [`MAX_SLOTS`] (vLLM sizes its KV cache from a share of
+    /// the device's memory the same way). Refused, naming both sizes, where the budget holds no
+    /// slot.
+    pub fn for_memory(model: &NemotronH, budget: u64, capacity: usize) -> Result<Self, ModelError> {
+        if capacity == 0 {
+            return Err(ModelError::Input(
+                "capacity must be at least 1 token".into(),
+            ));
+        }
+        let per = model.slot_bytes(capacity) as u64;
+        let slots = (budget / per).min(MAX_SLOTS as u64) as usize;
+        if slots == 0 {
+            return Err(ModelError::Input(format!(
+                "a slot memory budget of {budget} bytes holds no slot of {capacity} tokens \
+                 ({per} bytes each)"
+            )));
+        }
+        Ok(Self::new(slots, capacity))
+    }
+}
+
+/// How much device memory an engine's slots may take: a size, or a fraction of the memory the
+/// device has free once the model is loaded (like vLLM's `--gpu-memory-utilization`, which
+/// counts the weights too; here the weights are already in). Written as a user writes it:
+/// `24GiB`, `512MiB`, `3GB`, `1000000B` for a size, `0.9` for a fraction (a number in (0, 1]
+/// with a decimal point).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SlotMemory {
+    Bytes(u64),
+    Fraction(f64),
+}
+
+impl std::str::FromStr for SlotMemory {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let bad = || {
+            format!(
+                "slot memory {s:?}: expected a size (24GiB, 512MiB, 3GB, 1000000B) or a fraction \
+                 of the free device memory (0.9)"
+            )
+        };
+        let units: [(&str, u64); 7] = [
+            ("KiB", 1 << 10),
+            ("MiB", 1 << 20),
+            ("GiB", 1 << 30),
+            ("KB", 1_000),
+            ("MB", 1_000_000),
+            ("GB", 1_000_000_000),
+            ("B", 1),
+        ];
+        for (unit, scale) in units {
+            if let Some(num) = t.strip_suffix(unit) {
+                let v: f64 = num.trim().parse().map_err(|_| bad())?;
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(bad());
+                }
+                return Ok(SlotMemory::Bytes((v * scale as f64) as u64));
+            }
+        }
+        if !t.contains('.') {
+            return Err(bad());
+        }
+        match t.parse::<f64>() {
+            Ok(f) if f > 0.0 && f <= 1.0 => Ok(SlotMemory::Fraction(f)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl std::fmt::Display for SlotMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            SlotMemory::Bytes(b) if b >= 1 << 30 => {
+                write!(f, "{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+            }
+            SlotMemory::Bytes(b) => write!(f, "{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+            SlotMemory::Fraction(x) => write!(f, "{x} of the free device memory"),
+        }
+    }
+}
+
+impl SlotMemory {
+    /// The budget in bytes on `device`: a size as it is; a fraction of the device's memory less
+    /// what this process holds there ([`nemotron_kernels::cube::memory_total_and_reserved`]:
+    /// other processes' use is not seen). A fraction on a device whose size is unknown (the host,
+    /// wgpu) is refused, naming the size form.
+    pub fn budget(&self, device: &burn::tensor::Device) -> Result<u64, ModelError> {
+        match *self {
+            SlotMemory::Bytes(b) => Ok(b),
+            SlotMemory::Fraction(f) => {
+                let (total, reserved) = nemotron_kernels::cube::memory_total_and_reserved(device)
+                    .ok_or_else(|| {
+                    ModelError::Input(format!(
+                        "slot memory {f}: a fraction of the free device memory needs a device \
+                             that reports its size (CUDA); give a size instead (e.g. 8GiB)"
+                    ))
+                })?;
+                Ok((total.saturating_sub(reserved) as f64 * f) as u64)
+            }
         }
     }
 }

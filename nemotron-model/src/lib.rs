@@ -34,7 +34,7 @@ mod util;
 pub use cache::SequenceState;
 pub use cache::SlotState;
 pub use deviation::Deviations;
-pub use engine::{Engine, EngineOptions, Event, RequestId};
+pub use engine::{Engine, EngineOptions, Event, RequestId, SlotMemory, MAX_SLOTS};
 pub use error::ModelError;
 pub use generate::{GenerateOptions, Generation, Generator, StopReason};
 pub use model::NemotronH;

@@ -16,6 +16,17 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
 
 impl NemotronH {
+    /// Device bytes one slot of `capacity` tokens takes (every layer's pools and its length):
+    /// what [`Self::new_slots`] allocates per slot, so an engine can size its slots from a
+    /// memory budget ([`crate::EngineOptions::for_memory`]).
+    pub fn slot_bytes(&self, capacity: usize) -> usize {
+        self.layers()
+            .iter()
+            .map(|b| b.slot_bytes(capacity, self.dtype()))
+            .sum::<usize>()
+            + DType::I32.size()
+    }
+
     /// Zero pools for `slots` sequences of up to `capacity` tokens each.
     pub fn new_slots(&self, slots: usize, capacity: usize) -> Result<SlotState, ModelError> {
         if slots == 0 || capacity == 0 {

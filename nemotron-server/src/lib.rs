@@ -46,7 +46,7 @@ pub mod worker;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics::Metrics;
-use nemotron::model::EngineOptions;
+use nemotron::model::{EngineOptions, SlotMemory};
 use nemotron::{ChatTemplate, GenerationDefaults, TextModel, Tokenizer};
 use state::AppState;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -66,8 +66,11 @@ pub const DEFAULT_CONTEXT: usize = 8192;
 pub struct ServerOptions {
     /// The name clients pass as `model` (and `/v1/models` lists).
     pub model_name: String,
-    /// Sequences decoded together (state slots).
+    /// Sequences decoded together (state slots); unless `slot_memory` sizes them.
     pub max_batch: usize,
+    /// Size the slots from device memory instead (as many as fit, at most
+    /// [`nemotron::model::MAX_SLOTS`]); `max_batch` is then not read.
+    pub slot_memory: Option<SlotMemory>,
     /// Requests that may wait for a slot; past that, 429.
     pub max_queue: usize,
     /// Tokens per sequence (prompt + output); default: the config's `max_position_embeddings`,
@@ -88,6 +91,7 @@ impl ServerOptions {
         ServerOptions {
             model_name: model_name.into(),
             max_batch: 16,
+            slot_memory: None,
             max_queue: 256,
             context_length: None,
             graphs: true,
@@ -117,6 +121,8 @@ struct Ready {
     vocab_size: usize,
     context_length: usize,
     slot_bytes: usize,
+    /// The slots the engine has (from `max_batch` or the slot memory).
+    max_batch: usize,
 }
 
 /// A running server: the HTTP side on a tokio runtime, the model on the engine thread.
@@ -140,7 +146,7 @@ impl Server {
     where
         F: FnOnce() -> Result<TextModel, nemotron::Error> + Send + 'static,
     {
-        if opts.max_batch == 0 {
+        if opts.max_batch == 0 && opts.slot_memory.is_none() {
             return Err(ServerError::Options(
                 "--max-batch must be at least 1".into(),
             ));
@@ -197,10 +203,14 @@ impl Server {
             }
         };
         eprintln!(
-            "engine: {} slots × {} tokens of context ({:.1} MiB of state), queue {}",
-            opts.max_batch,
+            "engine: {} slots × {} tokens of context ({:.1} MiB of state{}), queue {}",
+            ready.max_batch,
             ready.context_length,
             ready.slot_bytes as f64 / (1 << 20) as f64,
+            match opts.slot_memory {
+                Some(m) => format!(", sized from slot memory {m}"),
+                None => String::new(),
+            },
             opts.max_queue
         );
         let created = std::time::SystemTime::now()
@@ -213,7 +223,7 @@ impl Server {
             defaults: ready.defaults,
             vocab_size: ready.vocab_size,
             context_length: ready.context_length,
-            max_batch: opts.max_batch,
+            max_batch: ready.max_batch,
             max_queue: opts.max_queue,
             cmd: Mutex::new(cmd_tx.clone()),
             load: load_state,
@@ -354,7 +364,18 @@ fn engine_thread<F>(
         (None, Some(m)) => m.min(DEFAULT_CONTEXT),
         (None, None) => DEFAULT_CONTEXT,
     };
-    let mut eopts = EngineOptions::new(opts.max_batch, context_length);
+    let mut eopts = match opts.slot_memory {
+        None => EngineOptions::new(opts.max_batch, context_length),
+        Some(m) => {
+            match m
+                .budget(tm.model.device())
+                .and_then(|b| EngineOptions::for_memory(&tm.model, b, context_length))
+            {
+                Ok(o) => o,
+                Err(e) => return fail(ServerError::Load(e.into())),
+            }
+        }
+    };
     eopts.graphs = opts.graphs;
     eopts.step_tokens = opts.step_tokens;
     eopts.prefill_chunk = opts.prefill_chunk;
@@ -371,6 +392,7 @@ fn engine_thread<F>(
         vocab_size: cfg.vocab_size,
         context_length,
         slot_bytes,
+        max_batch: eopts.max_batch,
     };
     if ready.send(Ok(r)).is_err() {
         return;

@@ -370,6 +370,42 @@ fn a_server_with_a_step_budget_answers_as_the_library() {
     );
 }
 
+/// Slots sized from a memory budget (three slots and a half at 256 tokens; `max_batch` 1 is not
+/// read): the HTTP side holds what the engine got — 4 choices (3 slots + a queue of 1) are
+/// answered, 5 can never fit and say so with the 3 slots; a budget below one slot fails the
+/// start naming both sizes.
+#[test]
+fn a_server_sized_from_slot_memory_holds_what_fits() {
+    use nemotron::model::SlotMemory;
+    let per = reference().model.slot_bytes(256) as u64;
+    let mut o = ServerOptions::new(NAME);
+    o.max_batch = 1;
+    o.max_queue = 1;
+    o.context_length = Some(256);
+    o.slot_memory = Some(SlotMemory::Bytes(3 * per + per / 2));
+    let load = || TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn());
+    let s = Server::start(load, o.clone(), "127.0.0.1:0").unwrap();
+    let body = |n: u64| json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0, "n": n, "ignore_eos": true});
+    let (code, r) = post(&s, "/v1/completions", &body(4));
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["choices"].as_array().unwrap().len(), 4);
+    assert_eq!(r["choices"][3]["text"], library("Hello", 4).as_str());
+    let (code, r) = post(&s, "/v1/completions", &body(5));
+    assert_eq!(code, 400, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("3 slots"), "{msg}");
+    drop(s);
+    o.slot_memory = Some(SlotMemory::Bytes(per - 1));
+    let err = Server::start(load, o, "127.0.0.1:0")
+        .err()
+        .expect("a budget below one slot is refused")
+        .to_string();
+    assert!(
+        err.contains(&(per - 1).to_string()) && err.contains(&per.to_string()),
+        "{err}"
+    );
+}
+
 #[test]
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);

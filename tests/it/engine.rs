@@ -129,6 +129,146 @@ fn cuda_f32_engine_without_graphs_equals_single_sequences() {
     check(Device::cuda(0), DType::F32, false);
 }
 
+/// Slots sized from a memory budget: the budget for `slots` slots and a half (each
+/// [`NemotronH::slot_bytes`]) gives `slots`, and `slots + 4` short requests (greedy and sampled,
+/// different lengths) fill every slot at once, wait for freed ones, and each give exactly their
+/// single-sequence tokens and stop.
+fn check_many(dev: Device, dtype: DType, graphs: bool, slots: usize) {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    let m = NemotronH::load_as(dir.path(), &dev, dtype).unwrap();
+    let cap = 16;
+    let per = m.slot_bytes(cap) as u64;
+    let mut opts = EngineOptions::for_memory(&m, per * slots as u64 + per / 2, cap).unwrap();
+    assert_eq!(opts.max_batch, slots);
+    assert_eq!(opts.batch_sizes.last(), Some(&slots));
+    opts.graphs = graphs;
+    let v = m.config().vocab_size;
+    let reqs: Vec<(Vec<u32>, GenerateOptions)> = (0..slots + 4)
+        .map(|i| {
+            let sampling = if i % 3 == 0 {
+                Sampling {
+                    temperature: 0.8,
+                    seed: i as u64,
+                    ..Sampling::greedy()
+                }
+            } else {
+                Sampling::greedy()
+            };
+            let o = GenerateOptions {
+                max_new_tokens: 1 + i % 4,
+                sampling,
+                ..Default::default()
+            };
+            (ids(2 + i % 5, v, 100 + i as u64), o)
+        })
+        .collect();
+    let mut e = Engine::new(&m, opts).unwrap();
+    assert_eq!(e.slots().slots(), slots);
+    assert_eq!(e.slots().bytes() as u64, per * slots as u64);
+    let ids: Vec<_> = reqs
+        .iter()
+        .map(|(p, o)| e.submit(p, o.clone()).unwrap())
+        .collect();
+    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
+    e.run(|ev: Event| {
+        let i = ids.iter().position(|&id| id == ev.id).unwrap();
+        let entry = got.entry(i).or_default();
+        entry.0.extend(ev.token);
+        entry.1 = ev.stop;
+    })
+    .unwrap();
+    for (i, (p, o)) in reqs.iter().enumerate() {
+        let single = m.generate(p, o.clone(), |_| {}).unwrap();
+        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
+        assert_eq!(tokens, single.tokens, "request {i}: tokens");
+        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
+    }
+}
+
+#[test]
+fn host_engine_with_256_slots_from_a_memory_budget_equals_single_sequences() {
+    check_many(host(), DType::F32, false, 256);
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_engine_with_128_slots_from_a_memory_budget_equals_single_sequences() {
+    check_many(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+        false,
+        128,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_f32_engine_with_256_slots_and_graphs_equals_single_sequences() {
+    check_many(Device::cuda(0), DType::F32, true, 256);
+}
+
+/// The slot size is what the slots take: every layer's pools (from their tensors' shapes) and
+/// the length, and a budget below one slot is refused naming both sizes.
+#[test]
+fn slot_bytes_are_what_the_slots_take() {
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
+    for dtype in [DType::F32, DType::BF16] {
+        let m = NemotronH::load_as(dir.path(), &host(), dtype).unwrap();
+        for (slots, cap) in [(1, 1), (3, 17), (5, 64)] {
+            let st = m.new_slots(slots, cap).unwrap();
+            assert_eq!(
+                st.bytes(),
+                slots * m.slot_bytes(cap),
+                "{dtype:?} {slots} × {cap}"
+            );
+        }
+        let per = m.slot_bytes(8) as u64;
+        let err = EngineOptions::for_memory(&m, per - 1, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&(per - 1).to_string()) && err.contains(&per.to_string()),
+            "{err}"
+        );
+        let big = EngineOptions::for_memory(&m, u64::MAX, 8).unwrap();
+        assert_eq!(big.max_batch, nemotron::model::MAX_SLOTS);
+        assert_eq!(&big.batch_sizes[big.batch_sizes.len() - 2..], &[128, 256]);
+    }
+}
+
+/// Slot memory as a user writes it: sizes with their units, fractions of the free memory, and
+/// everything else refused with the forms it takes; a fraction on the host (no device size) is
+/// refused naming the size form.
+#[test]
+fn slot_memory_parses_sizes_and_fractions() {
+    use nemotron::model::SlotMemory;
+    let ok = |s: &str| s.parse::<SlotMemory>().unwrap();
+    assert_eq!(ok("24GiB"), SlotMemory::Bytes(24 << 30));
+    assert_eq!(ok("512 MiB"), SlotMemory::Bytes(512 << 20));
+    assert_eq!(ok("1.5GB"), SlotMemory::Bytes(1_500_000_000));
+    assert_eq!(ok("3KB"), SlotMemory::Bytes(3_000));
+    assert_eq!(ok("2KiB"), SlotMemory::Bytes(2_048));
+    assert_eq!(ok("1000B"), SlotMemory::Bytes(1_000));
+    assert_eq!(ok("0.9"), SlotMemory::Fraction(0.9));
+    assert_eq!(ok("1.0"), SlotMemory::Fraction(1.0));
+    for bad in [
+        "", "24", "0.0", "1.5", "-1GiB", "0GiB", "GiB", "24TB", "nanGiB", "x0.5",
+    ] {
+        let err = bad.parse::<SlotMemory>().unwrap_err();
+        assert!(
+            err.contains("24GiB") && err.contains("0.9"),
+            "{bad:?}: {err}"
+        );
+    }
+    assert_eq!(SlotMemory::Bytes(77).budget(&host()).unwrap(), 77);
+    let err = SlotMemory::Fraction(0.5)
+        .budget(&host())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("give a size"), "{err}");
+}
+
 /// Chunked admission under a token budget (`step_tokens` 16 over 3 slots, pieces of at most 6
 /// tokens): the requests of [`requests`] and a 40-token prompt, prefilled over several steps
 /// beside the running sequences' decode (whole short prompts in the same steps as pieces of

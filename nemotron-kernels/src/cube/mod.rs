@@ -401,6 +401,28 @@ pub fn max_shared_memory(device: &burn::tensor::Device) -> Option<usize> {
     }
 }
 
+/// `(total, reserved)` bytes of a CubeCL device's memory: its size and what this process's
+/// allocator holds (the weights, the pools, cached buffers). The total is known on CUDA only:
+/// cubecl-cuda (0.11.0-pre.2, the pinned version) sets the device's largest page to a quarter of
+/// `cuDeviceTotalMem`; `None` elsewhere (wgpu reports no device size).
+pub fn memory_total_and_reserved(device: &burn::tensor::Device) -> Option<(u64, u64)> {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    #[allow(unused_imports)]
+    use cubecl::Runtime;
+    match device.as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(d) => {
+            let client = cubecl::cuda::CudaRuntime::client(d);
+            let total = client.properties().memory.max_page_size.saturating_mul(4);
+            let reserved = client.memory_usage().ok()?.bytes_reserved;
+            Some((total, reserved))
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
 /// Bytes of device memory in use on a CubeCL device, `None` on other devices.
 pub fn memory_in_use(device: &burn::tensor::Device) -> Option<u64> {
     #[allow(unused_imports)]

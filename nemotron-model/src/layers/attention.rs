@@ -74,6 +74,12 @@ impl Attention {
 
     /// Zero KV pools for `slots` sequences of up to `capacity` tokens: `[S, KVH, cap, D]` each,
     /// in the activation dtype.
+    /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools: K and
+    /// V `[KVH, capacity, D]` each in `dtype`.
+    pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
+        2 * self.kv_heads * capacity * self.head_dim * dtype.size()
+    }
+
     pub fn new_slots(
         &self,
         slots: usize,

@@ -85,6 +85,15 @@ impl Block {
     }
 
     /// This block's part of fresh slot pools.
+    /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools.
+    pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
+        match &self.mixer {
+            Mixer::Mamba(m) => m.slot_bytes(),
+            Mixer::Attention(a) => a.slot_bytes(capacity, dtype),
+            Mixer::Moe(_) | Mixer::Mlp(_) => 0,
+        }
+    }
+
     pub fn new_slots(
         &self,
         slots: usize,

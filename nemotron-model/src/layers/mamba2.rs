@@ -97,6 +97,14 @@ impl Mamba2 {
 
     /// Zero state pools for `slots` sequences: the conv ring `[S, C, K]` in the activation
     /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32.
+    /// Device bytes one slot of [`Self::new_slots`] takes: the conv ring `[C, K]` in the
+    /// activation dtype and the f32 SSM state `[H, P, N]`.
+    pub fn slot_bytes(&self) -> usize {
+        let c = &self.cfg;
+        c.conv_dim() * c.conv_kernel * self.a.dtype().size()
+            + c.num_heads * c.head_dim * c.state_size * DType::F32.size()
+    }
+
     pub fn new_slots(&self, slots: usize) -> SlotLayer {
         let c = &self.cfg;
         let dev = self.a.device();
