@@ -502,6 +502,16 @@ fn engine_run_one(
         e.slots().slots(),
         e.slots().bytes() as f64 / (1u64 << 20) as f64
     );
+    // What the allocator holds after the run (weights, slots, graphs and the pages it keeps for
+    // reuse, the prefill's activations among them): not a measured peak, as CubeCL releases pages
+    // left idle for a while.
+    if let Some((total, reserved)) = nemotron::kernels::ops::device_memory(&dev) {
+        println!(
+            "device memory reserved by the allocator after the run: {:.2} GiB of {:.2} GiB",
+            reserved as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        );
+    }
     Ok((p1, d))
 }
 

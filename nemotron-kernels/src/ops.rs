@@ -1000,6 +1000,18 @@ pub fn write_i32<const N: usize>(t: &mut Tensor<N, Int>, data: &[i32]) {
     );
 }
 
+/// `(total, reserved)` bytes of `device`'s memory where the device reports its size (CUDA:
+/// [`crate::cube::memory_total_and_reserved`]); `None` on the host and wgpu.
+pub fn device_memory(device: &Device) -> Option<(u64, u64)> {
+    #[cfg(feature = "cube")]
+    return crate::cube::memory_total_and_reserved(device);
+    #[cfg(not(feature = "cube"))]
+    {
+        let _ = device;
+        None
+    }
+}
+
 /// Whether `device` captures decode steps as hardware graphs (CUDA); elsewhere a captured step
 /// would only re-run its closure.
 pub fn supports_graphs(device: &Device) -> bool {

@@ -155,20 +155,20 @@ impl std::fmt::Display for SlotMemory {
 
 impl SlotMemory {
     /// The budget in bytes on `device`: a size as it is; a fraction of the device's memory less
-    /// what this process holds there ([`nemotron_kernels::cube::memory_total_and_reserved`]:
+    /// what this process holds there ([`nemotron_kernels::ops::device_memory`]:
     /// other processes' use is not seen). A fraction on a device whose size is unknown (the host,
     /// wgpu) is refused, naming the size form.
     pub fn budget(&self, device: &burn::tensor::Device) -> Result<u64, ModelError> {
         match *self {
             SlotMemory::Bytes(b) => Ok(b),
             SlotMemory::Fraction(f) => {
-                let (total, reserved) = nemotron_kernels::cube::memory_total_and_reserved(device)
-                    .ok_or_else(|| {
-                    ModelError::Input(format!(
-                        "slot memory {f}: a fraction of the free device memory needs a device \
+                let (total, reserved) =
+                    nemotron_kernels::ops::device_memory(device).ok_or_else(|| {
+                        ModelError::Input(format!(
+                            "slot memory {f}: a fraction of the free device memory needs a device \
                              that reports its size (CUDA); give a size instead (e.g. 8GiB)"
-                    ))
-                })?;
+                        ))
+                    })?;
                 Ok((total.saturating_sub(reserved) as f64 * f) as u64)
             }
         }

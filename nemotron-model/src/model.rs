@@ -270,7 +270,7 @@ impl NemotronH {
         states: &mut [&mut SequenceState],
         seen: impl FnMut(&Tensor<3>),
     ) -> Result<Tensor<3>, ModelError> {
-        let ids = self.token_ids(tokens, states.len())?;
+        let ids = self.token_ids(tokens, states)?;
         let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
         Ok(self.blocks(ids, &lens, states, seen))
     }
@@ -282,19 +282,40 @@ impl NemotronH {
         tokens: &[&[u32]],
         states: &mut [&mut SequenceState],
     ) -> Result<(Tensor<3>, Vec<Option<BatchLayer>>), ModelError> {
-        let ids = self.token_ids(tokens, states.len())?;
+        let ids = self.token_ids(tokens, states)?;
         let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
         Ok(self.blocks_kept(ids, &lens, states, |_| {}))
     }
 
     /// The token lists as right-padded ids `[B, T_max]` on the device, checked: one list per
-    /// state, none empty, every id inside the vocabulary.
-    fn token_ids(&self, tokens: &[&[u32]], states: usize) -> Result<Tensor<2, Int>, ModelError> {
-        if tokens.is_empty() || tokens.len() != states {
+    /// state, none empty, every id inside the vocabulary, and every state this model's (a layer
+    /// per block, each of its block's kind and shapes; a state from another model or taken apart
+    /// is refused naming the sequence and layer instead of failing inside a layer).
+    fn token_ids(
+        &self,
+        tokens: &[&[u32]],
+        states: &[&mut SequenceState],
+    ) -> Result<Tensor<2, Int>, ModelError> {
+        if tokens.is_empty() || tokens.len() != states.len() {
             return Err(ModelError::Input(format!(
-                "{} token lists for {states} states",
+                "{} token lists for {} states",
                 tokens.len(),
+                states.len()
             )));
+        }
+        for (b, st) in states.iter().enumerate() {
+            if st.layers.len() != self.layers.len() {
+                return Err(ModelError::Input(format!(
+                    "state {b} has {} layers where the model has {}",
+                    st.layers.len(),
+                    self.layers.len()
+                )));
+            }
+            for (i, (block, layer)) in self.layers.iter().zip(&st.layers).enumerate() {
+                block
+                    .check_state(layer, st.position)
+                    .map_err(|why| ModelError::Input(format!("state {b}, layer {i}: {why}")))?;
+            }
         }
         let v = self.config.vocab_size;
         let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();

@@ -576,3 +576,63 @@ fn the_synthetic_byte_tokenizer_round_trips_text() {
     assert_eq!(streamed, out.text);
     assert_eq!(out.tokens.len(), 8);
 }
+
+/// A state that is not this model's — a layer short, two layers' states swapped, keys for
+/// another position, a Mamba state of other shapes — is refused before any work, naming the
+/// sequence, the layer and what it holds (the layers used to panic on it), and the state is left
+/// as it was.
+#[test]
+fn a_state_not_of_this_model_is_refused_naming_the_layer() {
+    use nemotron::model::cache::LayerState;
+    let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 5);
+    let m = load_host(dir.path());
+    let toks = ids(5, m.config().vocab_size, 3);
+    let mut good = m.new_state();
+    m.forward_one(&toks, &mut good).unwrap();
+    let kind = |want: fn(&LayerState) -> bool| good.layers.iter().position(want).unwrap();
+    let mamba = kind(|l| matches!(l, LayerState::Mamba { .. }));
+    let attn = kind(|l| matches!(l, LayerState::Attention { .. }));
+    let refused = |st: &mut nemotron::model::SequenceState| -> String {
+        let before = st.position;
+        let err = m.forward_one(&toks[..1], st).unwrap_err().to_string();
+        assert_eq!(st.position, before, "{err}");
+        err
+    };
+
+    let mut short = good.clone();
+    short.layers.pop();
+    let err = refused(&mut short);
+    assert!(
+        err.contains(&format!("has {} layers", m.layers().len() - 1)),
+        "{err}"
+    );
+
+    let mut swapped = good.clone();
+    swapped.layers.swap(mamba, attn);
+    let err = refused(&mut swapped);
+    let first = mamba.min(attn);
+    assert!(err.contains(&format!("state 0, layer {first}:")), "{err}");
+    assert!(err.contains("where the layer is"), "{err}");
+
+    let mut moved = good.clone();
+    moved.position += 1;
+    let err = refused(&mut moved);
+    assert!(
+        err.contains(&format!("layer {attn}:")) && err.contains("position 6"),
+        "{err}"
+    );
+
+    let mut reshaped = good.clone();
+    if let LayerState::Mamba { conv, .. } = &mut reshaped.layers[mamba] {
+        *conv = conv.clone().slice_dim(0, 0..1);
+    }
+    let err = refused(&mut reshaped);
+    assert!(
+        err.contains(&format!("layer {mamba}:")) && err.contains("conv"),
+        "{err}"
+    );
+
+    // This model's state still runs.
+    m.forward_one(&toks[..1], &mut good).unwrap();
+    assert_eq!(good.position, 6);
+}

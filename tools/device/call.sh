@@ -30,6 +30,11 @@
 #                --mma-min setting of the ;-separated S
 #   pch ST,PC    engine prefill of 1 x 8,192 tokens on the in-memory weights under a step token
 #                budget ST and pieces of PC (bench --step-tokens ST --prefill-chunk PC)
+#   plong ST,PC  engine prefill of 1 x 32,768 and 1 x 131,072 tokens on the in-memory weights (one
+#                repeat), whole (ST,PC = 0,0) or under a step budget ST in pieces of PC, with what
+#                the device's allocator holds after each
+#   bmem F       engine decode at batch 256 after 128-token prompts, slots sized from F of the free
+#                memory (bench --slot-memory F), on the in-memory weights
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -161,6 +166,15 @@ while [ $# -gt 0 ]; do
         run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 \
           --no-hf --step-tokens "$st" --prefill-chunk "$pc" ;;
+    plong)
+        IFS=',' read -r st pc <<<"$1"; shift
+        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 32768,131072 --batch 1 --decode 8 \
+          --repeats 1 --no-hf --step-tokens "$st" --prefill-chunk "$pc" ;;
+    bmem)
+        run decode.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 128 --batch 256 --decode 32 --repeats 2 \
+          --no-hf --slot-memory "$1"; shift ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \

@@ -72,14 +72,35 @@ impl Attention {
         self.rope_theta.is_some()
     }
 
-    /// Zero KV pools for `slots` sequences of up to `capacity` tokens: `[S, KVH, cap, D]` each,
-    /// in the activation dtype.
+    /// Whether `k` and `v` are this layer's keys for `position` tokens (`[KVH, position, D]`
+    /// each, or none before the first token).
+    pub(crate) fn check_state(
+        &self,
+        k: &Option<Tensor<3>>,
+        v: &Option<Tensor<3>>,
+        position: usize,
+    ) -> Result<(), String> {
+        let want = [self.kv_heads, position, self.head_dim];
+        match (k, v) {
+            (None, None) if position == 0 => Ok(()),
+            (Some(k), Some(v)) if k.dims() == want && v.dims() == want => Ok(()),
+            _ => Err(format!(
+                "holds keys {:?} and values {:?} where a sequence at position {position} needs \
+                 {want:?} each",
+                k.as_ref().map(|t| t.dims()),
+                v.as_ref().map(|t| t.dims())
+            )),
+        }
+    }
+
     /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools: K and
     /// V `[KVH, capacity, D]` each in `dtype`.
     pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
         2 * self.kv_heads * capacity * self.head_dim * dtype.size()
     }
 
+    /// Zero KV pools for `slots` sequences of up to `capacity` tokens: `[S, KVH, cap, D]` each,
+    /// in the activation dtype.
     pub fn new_slots(
         &self,
         slots: usize,

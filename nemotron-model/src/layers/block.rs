@@ -84,7 +84,31 @@ impl Block {
         }
     }
 
-    /// This block's part of fresh slot pools.
+    /// Whether `st` is this block's kind of state with its shapes, for a sequence at
+    /// `position` (metadata only: nothing is read from the device).
+    pub(crate) fn check_state(&self, st: &LayerState, position: usize) -> Result<(), String> {
+        let kind = |st: &LayerState| match st {
+            LayerState::Mamba { .. } => "a Mamba state",
+            LayerState::Attention { .. } => "an attention state",
+            LayerState::Stateless => "no state",
+        };
+        match (&self.mixer, st) {
+            (Mixer::Mamba(m), LayerState::Mamba { conv, ssm }) => m.check_state(conv, ssm),
+            (Mixer::Attention(a), LayerState::Attention { k, v }) => a.check_state(k, v, position),
+            (Mixer::Moe(_) | Mixer::Mlp(_), LayerState::Stateless) => Ok(()),
+            (mixer, st) => Err(format!(
+                "holds {} where the layer is {}",
+                kind(st),
+                match mixer {
+                    Mixer::Mamba(_) => "a Mamba mixer",
+                    Mixer::Attention(_) => "an attention mixer",
+                    Mixer::Moe(_) => "a MoE",
+                    Mixer::Mlp(_) => "an MLP",
+                }
+            )),
+        }
+    }
+
     /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools.
     pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
         match &self.mixer {
@@ -94,6 +118,7 @@ impl Block {
         }
     }
 
+    /// This block's part of fresh slot pools.
     pub fn new_slots(
         &self,
         slots: usize,

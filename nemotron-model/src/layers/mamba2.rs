@@ -95,8 +95,20 @@ impl Mamba2 {
         }
     }
 
-    /// Zero state pools for `slots` sequences: the conv ring `[S, C, K]` in the activation
-    /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32.
+    /// Whether `conv` and `ssm` have this layer's state shapes (`[C, K-1]`, `[H, P, N]`).
+    pub(crate) fn check_state(&self, conv: &Tensor<2>, ssm: &Tensor<3>) -> Result<(), String> {
+        let (c, s) = (self.zero.0.dims(), self.zero.1.dims());
+        if conv.dims() != c || ssm.dims() != s {
+            return Err(format!(
+                "holds a Mamba state of conv {:?} and SSM {:?} where this layer's are {c:?} and \
+                 {s:?}",
+                conv.dims(),
+                ssm.dims()
+            ));
+        }
+        Ok(())
+    }
+
     /// Device bytes one slot of [`Self::new_slots`] takes: the conv ring `[C, K]` in the
     /// activation dtype and the f32 SSM state `[H, P, N]`.
     pub fn slot_bytes(&self) -> usize {
@@ -105,6 +117,8 @@ impl Mamba2 {
             + c.num_heads * c.head_dim * c.state_size * DType::F32.size()
     }
 
+    /// Zero state pools for `slots` sequences: the conv ring `[S, C, K]` in the activation
+    /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32.
     pub fn new_slots(&self, slots: usize) -> SlotLayer {
         let c = &self.cfg;
         let dev = self.a.device();
