@@ -401,6 +401,25 @@ pub fn max_shared_memory(device: &burn::tensor::Device) -> Option<usize> {
     }
 }
 
+/// Whether a CubeCL device has the bf16 tensor-core `mma` the prefill kernels use (false on
+/// other devices).
+pub fn bf16_mma(device: &burn::tensor::Device) -> bool {
+    #[allow(unused_imports)]
+    use burn::backend::DispatchDevice;
+    #[allow(unused_imports)]
+    use cubecl::Runtime;
+    match device.as_dispatch() {
+        #[cfg(feature = "cuda")]
+        DispatchDevice::Cuda(d) => bf16_mma::available(&cubecl::cuda::CudaRuntime::client(d)),
+        #[cfg(feature = "wgpu")]
+        DispatchDevice::Wgpu(d) => {
+            bf16_mma::available(&cubecl::wgpu::WgpuRuntime::<cubecl::wgpu::AutoCompiler>::client(d))
+        }
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
 /// `(total, reserved)` bytes of a CubeCL device's memory: its size and what this process's
 /// allocator holds (the weights, the pools, cached buffers). The total is known on CUDA only:
 /// cubecl-cuda (0.11.0-pre.2, the pinned version) sets the device's largest page to a quarter of

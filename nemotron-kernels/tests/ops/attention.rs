@@ -18,15 +18,25 @@ type Case = (
 );
 
 /// [`attention_prefill_matches`] with `flashmma=on`: the tensor-core kernel on a CUDA bf16 arm
-/// (elsewhere the plan keeps the SIMT kernel, which runs again). Process-wide setting.
+/// (elsewhere the plan keeps the SIMT kernel, which runs again, and counts each launch as one
+/// the setting could not take). Process-wide setting.
 pub fn attention_prefill_mma_matches(arm: &Arm) {
-    use nemotron_kernels::cube::plans::attention::set_flash_mma;
+    use nemotron_kernels::cube::plans::attention::{flash_mma_fallbacks, set_flash_mma};
+    let before = flash_mma_fallbacks();
     set_flash_mma(true);
     let r = std::panic::catch_unwind(|| attention_prefill_matches(arm));
     set_flash_mma(false);
     if let Err(e) = r {
         std::panic::resume_unwind(e);
     }
+    let fell_back = flash_mma_fallbacks() > before;
+    let tensor_cores =
+        arm.dtype == burn::tensor::DType::BF16 && nemotron_kernels::cube::bf16_mma(&arm.dev);
+    assert_eq!(
+        fell_back, !tensor_cores,
+        "{:?}: flashmma=on fell back {fell_back}, tensor cores {tensor_cores}",
+        arm.dtype
+    );
 }
 
 pub fn attention_prefill_matches(arm: &Arm) {

@@ -203,6 +203,22 @@ fn prefill_attention_plan() {
         Some(PrefillForm::Simt { keys: 16 })
     );
     assert_eq!(plan(136, 4608, true, true, cuda, true), None);
+    // Each reason the tensor-core form gives way is named (what `flashmma=on` says on stderr).
+    use nemotron_kernels::cube::plans::attention::prefill_mma_refusal as why;
+    assert_eq!(why(128, 4608, true, true, cuda), None);
+    for (got, says) in [
+        (why(128, 4608, false, true, cuda), "not bf16"),
+        (why(128, 4608, true, false, cuda), "no bf16 mma"),
+        (why(120, 4600, true, true, cuda), "heads of 120"),
+        (why(128, 4100, true, true, cuda), "query rows of 4100"),
+        (
+            why(128, 4608, true, true, tight - 1),
+            &format!("need {tight} bytes"),
+        ),
+    ] {
+        let got = got.unwrap_or_default();
+        assert!(got.contains(says), "{got:?} should say {says:?}");
+    }
 }
 
 /// Launch grids past the device limits (65,535 cubes on a dimension): the folds cover every

@@ -6,7 +6,7 @@ use super::{flash, flash_mma};
 use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::CubeRuntime;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 static FLASH: AtomicBool = AtomicBool::new(true);
 static FLASH_MMA: AtomicBool = AtomicBool::new(false);
@@ -42,9 +42,44 @@ pub enum PrefillForm {
     Simt { keys: usize },
 }
 
+/// Why the tensor-core form cannot take heads of `d`, queries `q_width` wide, `bf16`
+/// activations or not, on a device with bf16 `mma` (`mma`) and `max_shared` bytes of shared
+/// memory per cube; `None` where it can (pure; tested on the host).
+pub fn mma_refusal(
+    d: usize,
+    q_width: usize,
+    bf16: bool,
+    mma: bool,
+    max_shared: usize,
+) -> Option<String> {
+    if !bf16 {
+        return Some("the activations are not bf16".into());
+    }
+    if !mma {
+        return Some("the device has no bf16 mma".into());
+    }
+    if !flash_mma::fits(d) {
+        return Some(format!(
+            "heads of {d} are not a multiple of 16 up to {}",
+            crate::MAX_PREFILL_HEAD_DIM
+        ));
+    }
+    if q_width % 8 != 0 {
+        return Some(format!("query rows of {q_width} are not a multiple of 8"));
+    }
+    let need = flash_mma::shared_bytes(d);
+    if need > max_shared {
+        return Some(format!(
+            "its tiles need {need} bytes of shared memory, the device has {max_shared}"
+        ));
+    }
+    None
+}
+
 /// The form for heads of `d`, queries `q_width` wide, `bf16` activations, a device with bf16
 /// `mma` (`mma`) and `max_shared` bytes of shared memory per cube, `flashmma` asked for or not:
-/// `None` where no kernel takes the heads (pure; tested on the host).
+/// the tensor-core kernel where asked and [`mma_refusal`] finds nothing against it, else the
+/// SIMT kernel; `None` where no kernel takes the heads (pure; tested on the host).
 pub fn plan(
     d: usize,
     q_width: usize,
@@ -53,16 +88,19 @@ pub fn plan(
     max_shared: usize,
     flashmma: bool,
 ) -> Option<PrefillForm> {
-    if flashmma
-        && bf16
-        && mma
-        && flash_mma::fits(d)
-        && q_width % 8 == 0
-        && flash_mma::shared_bytes(d) <= max_shared
-    {
+    if flashmma && mma_refusal(d, q_width, bf16, mma, max_shared).is_none() {
         return Some(PrefillForm::Mma);
     }
     flash::keys_per_tile(max_shared, d).map(|keys| PrefillForm::Simt { keys })
+}
+
+static MMA_FALLBACKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Launches that `flashmma=on` asked onto the tensor cores but ran on the SIMT kernel (the
+/// first one's reason is said on stderr): a setting is honoured or said to be unheeded, never
+/// silently ignored.
+pub fn flash_mma_fallbacks() -> usize {
+    MMA_FALLBACKS.load(Ordering::Relaxed)
 }
 
 /// Launches the planned form (see [`crate::NemotronOps::attention_prefill`]).
@@ -77,14 +115,18 @@ pub fn launch<R: CubeRuntime>(
     let d = kpool.meta.shape()[3];
     let w = q.meta.shape()[2];
     let client = q.client.clone();
-    let form = plan(
-        d,
-        w,
+    let (bf16, mma, max_shared) = (
         q.dtype == DType::BF16,
         crate::cube::bf16_mma::available(&client),
         flash::max_shared(&client),
-        flash_mma(),
     );
+    let form = plan(d, w, bf16, mma, max_shared, flash_mma());
+    if flash_mma() && form != Some(PrefillForm::Mma) {
+        if MMA_FALLBACKS.fetch_add(1, Ordering::Relaxed) == 0 {
+            let why = mma_refusal(d, w, bf16, mma, max_shared).unwrap_or_default();
+            eprintln!("flashmma=on: prefill attention runs the SIMT kernel here: {why}");
+        }
+    }
     match form {
         Some(PrefillForm::Mma) => flash_mma::launch(q, kpool, vpool, seqs, heads, scale),
         Some(PrefillForm::Simt { keys }) => {
