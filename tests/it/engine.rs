@@ -9,7 +9,7 @@ use crate::common::*;
 use burn::tensor::{DType, Device};
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::{
-    Engine, EngineOptions, Event, GenerateOptions, NemotronH, Sampling, StopReason,
+    Engine, EngineOptions, Event, GenerateOptions, NemotronH, RequestId, Sampling, StopReason,
 };
 use std::collections::BTreeMap;
 
@@ -45,6 +45,32 @@ fn requests(v: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
     ]
 }
 
+type Got = BTreeMap<usize, (Vec<u32>, Option<StopReason>)>;
+
+/// Records each event into `got` by the request's index in `ids` (no event after a stop).
+fn recorder<'a>(ids: &'a [RequestId], got: &'a mut Got) -> impl FnMut(Event) + 'a {
+    move |ev: Event| {
+        let i = ids.iter().position(|&id| id == ev.id).unwrap();
+        let entry = got.entry(i).or_default();
+        assert!(
+            entry.1.is_none(),
+            "request {i} got an event after it stopped"
+        );
+        entry.0.extend(ev.token);
+        entry.1 = ev.stop;
+    }
+}
+
+/// Every request's tokens and stop reason equal its single-sequence generation.
+fn assert_alone(m: &NemotronH, reqs: &[(Vec<u32>, GenerateOptions)], got: &Got) {
+    for (i, (p, o)) in reqs.iter().enumerate() {
+        let single = m.generate(p, o.clone(), |_| {}).unwrap();
+        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
+        assert_eq!(tokens, single.tokens, "request {i}: tokens");
+        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
+    }
+}
+
 fn check(dev: Device, dtype: DType, graphs: bool) {
     check_slots(dev, dtype, graphs, 2);
 }
@@ -62,25 +88,9 @@ fn check_slots(dev: Device, dtype: DType, graphs: bool, slots: usize) {
         .iter()
         .map(|(p, o)| e.submit(p, o.clone()).unwrap())
         .collect();
-    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
-    e.run(|ev: Event| {
-        let i = ids.iter().position(|&id| id == ev.id).unwrap();
-        let entry = got.entry(i).or_default();
-        assert!(
-            entry.1.is_none(),
-            "request {i} got an event after it stopped"
-        );
-        entry.0.extend(ev.token);
-        entry.1 = ev.stop;
-    })
-    .unwrap();
-    for (i, (p, o)) in reqs.iter().enumerate() {
-        let single = m.generate(p, o.clone(), |_| {}).unwrap();
-        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
-        eprintln!("{dtype:?} request {i}: {tokens:?} {stop:?}");
-        assert_eq!(tokens, single.tokens, "request {i}: tokens");
-        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
-    }
+    let mut got = Got::new();
+    e.run(recorder(&ids, &mut got)).unwrap();
+    assert_alone(&m, &reqs, &got);
     // The penalty must show: with it ignored (`is_plain_greedy` true for it) the engine and the
     // single sequence would both give request 2's tokens.
     assert_ne!(
@@ -169,20 +179,9 @@ fn check_many(dev: Device, dtype: DType, graphs: bool, slots: usize) {
         .iter()
         .map(|(p, o)| e.submit(p, o.clone()).unwrap())
         .collect();
-    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
-    e.run(|ev: Event| {
-        let i = ids.iter().position(|&id| id == ev.id).unwrap();
-        let entry = got.entry(i).or_default();
-        entry.0.extend(ev.token);
-        entry.1 = ev.stop;
-    })
-    .unwrap();
-    for (i, (p, o)) in reqs.iter().enumerate() {
-        let single = m.generate(p, o.clone(), |_| {}).unwrap();
-        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
-        assert_eq!(tokens, single.tokens, "request {i}: tokens");
-        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
-    }
+    let mut got = Got::new();
+    e.run(recorder(&ids, &mut got)).unwrap();
+    assert_alone(&m, &reqs, &got);
 }
 
 #[test]
@@ -298,31 +297,19 @@ fn check_chunked(dev: Device, dtype: DType) {
         .iter()
         .map(|(p, o)| e.submit(p, o.clone()).unwrap())
         .collect();
-    let mut got: BTreeMap<usize, (Vec<u32>, Option<StopReason>)> = BTreeMap::new();
+    let mut got = Got::new();
+    let mut record = recorder(&ids, &mut got);
     let mut partial_steps = 0;
     while !e.is_idle() {
         partial_steps += usize::from(e.prefilling() > 0);
-        for ev in e.step().unwrap() {
-            let i = ids.iter().position(|&id| id == ev.id).unwrap();
-            let entry = got.entry(i).or_default();
-            assert!(
-                entry.1.is_none(),
-                "request {i} got an event after it stopped"
-            );
-            entry.0.extend(ev.token);
-            entry.1 = ev.stop;
-        }
+        e.step().unwrap().into_iter().for_each(&mut record);
     }
+    drop(record);
     assert!(
         partial_steps >= 7,
         "the 40-token prompt ran in {partial_steps} partial steps"
     );
-    for (i, (p, o)) in reqs.iter().enumerate() {
-        let single = m.generate(p, o.clone(), |_| {}).unwrap();
-        let (tokens, stop) = got.get(&i).cloned().unwrap_or_default();
-        assert_eq!(tokens, single.tokens, "request {i}: tokens");
-        assert_eq!(stop, Some(single.stop), "request {i}: stop reason");
-    }
+    assert_alone(&m, &reqs, &got);
 }
 
 #[test]
