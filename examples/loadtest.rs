@@ -49,8 +49,12 @@ struct Args {
     #[arg(long)]
     context_length: Option<usize>,
     /// Slots of the in-process server (default: the largest --clients).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "slot_memory")]
     max_batch: Option<usize>,
+    /// The in-process server's slots sized from device memory instead (`serve --slot-memory`:
+    /// 24GiB, or 0.9 of the memory free after loading on CUDA).
+    #[arg(long)]
+    slot_memory: Option<String>,
     #[arg(long, default_value = "on")]
     graphs: String,
     /// The in-process server's step token budget (`serve --step-tokens`; 0: no limit).
@@ -102,10 +106,14 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             if !matches!(host, "127.0.0.1" | "localhost" | "[") {
                 return Err(format!("--url {u}: loopback only (127.0.0.1 / localhost)").into());
             }
-            if a.step_tokens != 0 || a.prefill_chunk != 0 {
+            if a.step_tokens != 0
+                || a.prefill_chunk != 0
+                || a.max_batch.is_some()
+                || a.slot_memory.is_some()
+            {
                 return Err(
-                    "--step-tokens and --prefill-chunk size the in-process server: not with --url \
-                     (give them to that server's serve)"
+                    "--step-tokens, --prefill-chunk, --max-batch and --slot-memory size the \
+                     in-process server: not with --url (give them to that server's serve)"
                         .into(),
                 );
             }
@@ -127,6 +135,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             };
             let mut o = ServerOptions::new("load");
             o.max_batch = a.max_batch.unwrap_or(max_clients);
+            o.slot_memory = a
+                .slot_memory
+                .as_deref()
+                .map(str::parse::<nemotron::model::SlotMemory>)
+                .transpose()?;
             o.max_queue = max_clients * 2;
             o.context_length = a.context_length;
             o.step_tokens = a.step_tokens;
