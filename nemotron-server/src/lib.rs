@@ -385,6 +385,8 @@ fn engine_thread<F>(
         Err(e) => return fail(ServerError::Load(e.into())),
     };
     let slot_bytes = engine.slots().bytes();
+    metrics.slots.set(eopts.max_batch as i64);
+    metrics.slot_bytes.set(slot_bytes as i64);
     let r = Ready {
         tokenizer: tm.tokenizer.clone(),
         chat_template: tm.chat_template.clone(),

@@ -24,6 +24,10 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Sequences in the running decode batch.
     pub batch_size: Gauge,
+    /// Decode slots the engine holds (`--max-batch`, or what `--slot-memory` fits).
+    pub slots: Gauge,
+    /// Device bytes the slots take.
+    pub slot_bytes: Gauge,
     pub decode_steps: Counter,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
@@ -38,6 +42,8 @@ impl Metrics {
         let generation_tokens = Counter::default();
         let queue_depth = Gauge::default();
         let batch_size = Gauge::default();
+        let slots = Gauge::default();
+        let slot_bytes = Gauge::default();
         let decode_steps = Counter::default();
         // 100 µs … ≈ 1,700 s.
         let time_to_first_token = Histogram::new(exponential_buckets(1e-4, 2.0, 24));
@@ -68,6 +74,12 @@ impl Metrics {
             "Sequences in the running decode batch",
             batch_size.clone(),
         );
+        registry.register("slots", "Decode slots the engine holds", slots.clone());
+        registry.register(
+            "slot_memory_bytes",
+            "Device bytes the decode slots take",
+            slot_bytes.clone(),
+        );
         registry.register("decode_steps", "Engine steps run", decode_steps.clone());
         registry.register(
             "time_to_first_token_seconds",
@@ -91,6 +103,8 @@ impl Metrics {
             generation_tokens,
             queue_depth,
             batch_size,
+            slots,
+            slot_bytes,
             decode_steps,
             time_to_first_token,
             inter_token_latency,

@@ -394,6 +394,12 @@ fn a_server_sized_from_slot_memory_holds_what_fits() {
     assert_eq!(code, 400, "{r}");
     let msg = r["error"]["message"].as_str().unwrap();
     assert!(msg.contains("3 slots"), "{msg}");
+    let (_, text) = get(&s, "/metrics");
+    assert!(text.contains("nemotron_slots 3\n"), "{text}");
+    assert!(
+        text.contains(&format!("nemotron_slot_memory_bytes {}\n", 3 * per)),
+        "{text}"
+    );
     drop(s);
     o.slot_memory = Some(SlotMemory::Bytes(per - 1));
     let err = Server::start(load, o, "127.0.0.1:0")
