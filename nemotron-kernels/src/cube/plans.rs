@@ -45,8 +45,9 @@ pub mod attention {
         fits as flash_mma_fits, shared_bytes as flash_mma_shared_bytes, MMA_KEYS, MMA_ROWS,
     };
     pub use crate::cube::attention::prefill::{
-        flash, flash_mma, flash_mma_fallbacks, mma_refusal as prefill_mma_refusal,
-        plan as prefill_plan, set_flash, set_flash_mma, PrefillForm,
+        flash, flash_mma, flash_mma_fallbacks, flash_mma_launches,
+        mma_refusal as prefill_mma_refusal, plan as prefill_plan, set_flash, set_flash_mma,
+        PrefillForm,
     };
 }
 
