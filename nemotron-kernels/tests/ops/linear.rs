@@ -736,8 +736,10 @@ pub fn grouped_experts_match(arm: &Arm) {
 /// The band's factor for products summed in the activation type (`mmacc=act`) over `k` inputs:
 /// each add rounds the running sum, and those roundings add up as a random walk, so the error
 /// grows as `√k` where an f32 sum keeps the activation band. Taken relative to 256 inputs, where
-/// the bf16 sum held the band (H200, session 32: 9×256 at 0.6–1.1 of it; 70×2688 reached 1.5 of
-/// it, inside this factor's 3.2). A decode or scale error is off by far more than either.
+/// the bf16 sum held the band (H200, session 32, `call1_tests.log`: 9×256 at 0.5–0.7 of it;
+/// 70×2688 reached 1.5 of it, inside this factor's 3.2). A decode or scale error is off by far
+/// more: a block scale read from the wrong block put 9×256 off by 12 % of the output scale, where
+/// this factor allows 1.25 % at 2,688 inputs.
 fn acc_band(f32_acc: bool, k: usize) -> f32 {
     if f32_acc {
         1.0
