@@ -108,6 +108,10 @@ struct Args {
     /// fit the slots that gives.
     #[arg(long)]
     slot_memory: Option<String>,
+    /// With --engine: the slots' KV cache, auto (the activation dtype) | fp8 (E4M3 with the
+    /// checkpoint's k_scale/v_scale: half the KV bytes of bf16)
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -229,14 +233,25 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     if !a.graphs.is_empty() && !a.engine {
         return Err("--graphs applies to the engine: add --engine".into());
     }
-    if (a.step_tokens != 0 || a.prefill_chunk != 0 || a.slot_memory.is_some()) && !a.engine {
+    let kv: nemotron::model::KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+    if (a.step_tokens != 0
+        || a.prefill_chunk != 0
+        || a.slot_memory.is_some()
+        || kv != nemotron::model::KvCacheDtype::Auto)
+        && !a.engine
+    {
         return Err(
-            "--step-tokens, --prefill-chunk and --slot-memory apply to the engine: add --engine"
+            "--step-tokens, --prefill-chunk, --slot-memory and --kv-cache-dtype apply to the \
+             engine: add --engine"
                 .into(),
         );
     }
     let t0 = Instant::now();
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
+    let m = m.with_kv_cache(kv)?;
     sync(dev);
     let load = t0.elapsed().as_secs_f64();
     let report = m
@@ -486,7 +501,7 @@ fn engine_run_one(
     }
     let (p1, p, d) = (median(adm), median(pre), median(dec));
     println!(
-        "nemotron-rs engine (graphs {}{}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; {} slots, {:.1} MiB",
+        "nemotron-rs engine (graphs {}{}{}): prefill {p1:.1} tok/s (batch {batch} × {plen}, admission: every first token), {p:.1} incl. one decode step, decode {d:.2} tok/s (batch {batch}; {:.2} ms/step), median of {}; {} slots, {:.1} MiB (KV cache {})",
         if graphs { "on" } else { "off" },
         if a.step_tokens != 0 || a.prefill_chunk != 0 {
             format!(
@@ -500,7 +515,8 @@ fn engine_run_one(
         1e3 * batch as f64 / d,
         a.repeats.max(1),
         e.slots().slots(),
-        e.slots().bytes() as f64 / (1u64 << 20) as f64
+        e.slots().bytes() as f64 / (1u64 << 20) as f64,
+        m.kv_cache()
     );
     // What the allocator holds after the run (weights, slots, graphs and the pages it keeps for
     // reuse, the prefill's activations among them): not a measured peak, as CubeCL releases pages

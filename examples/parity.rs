@@ -2,20 +2,21 @@
 //!
 //! `cargo run --release --example parity -- --model DIR --prompt-ids 3,5,7 [--force-ids 9,11,13]
 //!  --out FILE.safetensors [--backend flex] [--dtype f32] [--decode-path ragged|slots]
-//!  [--prefill-chunk N]`
+//!  [--prefill-chunk N] [--kv-cache-dtype auto|fp8]`
 //!
 //! The output holds `prefill_logits` (F32 `[T, V]`, one prefill over the prompt, or with
 //! `--prefill-chunk N` one per piece of N tokens with the state carried between them) and
 //! `decode_logits` (F32 `[n, V]`, n = number of force ids): row 0 = logits after the prompt,
 //! row i = logits after feeding `force-ids[i-1]` through incremental decode with the cache —
 //! the ragged forward's (`--decode-path ragged`, the default: what `generate` uses) or the
-//! decode engine's fixed state slot (`--decode-path slots`).
+//! decode engine's fixed state slot (`--decode-path slots`), whose KV cache `--kv-cache-dtype fp8`
+//! holds as E4M3 codes with the checkpoint's scales.
 //! Prints the backend and the activation dtype the model runs in. Bad arguments or a bad
 //! checkpoint: one line on stderr and exit 1.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use clap::Parser;
-use nemotron::model::NemotronH;
+use nemotron::model::{KvCacheDtype, NemotronH};
 use nemotron::{dtype_name, BackendKind, DType};
 use safetensors::{serialize_to_file, Dtype, View};
 use std::borrow::Cow;
@@ -50,6 +51,10 @@ struct Args {
     /// Prefill the prompt in pieces of N tokens, the state carried between them (0: one piece)
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
+    /// auto (the activation dtype) | fp8 (E4M3 with the checkpoint's k_scale/v_scale): the
+    /// slot's KV cache, so with `--decode-path slots` only
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
 }
 
 struct F32s(Vec<f32>, Vec<usize>);
@@ -120,7 +125,19 @@ fn force_tiled() -> Result<(), String> {
 
 fn run(a: &Args, dev: &Device, dtype: DType) -> Result<(), String> {
     prefill_kernels(&a.prefill_kernels)?;
-    let m = NemotronH::load_as(&a.model, dev, dtype.burn()).map_err(|e| e.to_string())?;
+    let kv: KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+    if kv != KvCacheDtype::Auto && a.decode_path != "slots" {
+        return Err(format!(
+            "--kv-cache-dtype {kv} is the decode slots' cache: add --decode-path slots (the \
+             ragged path keeps keys in the activation dtype)"
+        ));
+    }
+    let m = NemotronH::load_as(&a.model, dev, dtype.burn())
+        .and_then(|m| m.with_kv_cache(kv))
+        .map_err(|e| e.to_string())?;
     // The dtype the model's tensors hold, not the one asked for: a mismatch must show.
     println!(
         "backend: {}, activations: {}",

@@ -64,6 +64,10 @@ struct Args {
     /// over several steps while running streams keep decoding.
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
+    /// The slots' KV cache: auto (the activation dtype) | fp8 (E4M3 with the checkpoint's
+    /// k_scale/v_scale, 1.0 where it ships none: half the KV bytes of bf16)
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
     /// flex | ndarray | cuda | wgpu
     #[arg(long, default_value = "flex")]
     backend: String,
@@ -119,6 +123,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     o.graphs = graphs;
     o.step_tokens = a.step_tokens;
     o.prefill_chunk = a.prefill_chunk;
+    o.kv_cache = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
     let pb = if std::io::stderr().is_terminal() {
         let pb = ProgressBar::new(0);
         pb.set_style(

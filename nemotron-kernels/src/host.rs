@@ -24,6 +24,8 @@ pub trait HostPrimitive: Sized {
     }
     /// Packed I32 words as the shipped bytes, borrowed when contiguous.
     fn bytes(&self) -> Cow<'_, [u8]>;
+    /// The shape.
+    fn dims(&self) -> Vec<usize>;
     fn from_data(data: TensorData) -> Self;
 }
 
@@ -66,6 +68,10 @@ impl HostPrimitive for NdArrayTensor {
         }
     }
 
+    fn dims(&self) -> Vec<usize> {
+        self.shape().to_vec()
+    }
+
     fn from_data(data: TensorData) -> Self {
         NdArrayTensor::from_data(data)
     }
@@ -106,6 +112,10 @@ impl HostPrimitive for burn::backend::flex::FlexTensor {
                     .collect(),
             ),
         }
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        self.shape().to_vec()
     }
 
     fn from_data(data: TensorData) -> Self {
@@ -483,6 +493,76 @@ fn attention_step<F: HostPrimitive, I: HostPrimitive>(
     )
 }
 
+/// I32 words of `shape` from codes in element order.
+fn words<I: HostPrimitive>(codes: &[u8], shape: Vec<usize>) -> I {
+    I::from_data(TensorData::new(crate::bytes_to_words(codes), shape))
+}
+
+/// The FP8-cache form of [`attention_step_qkv`]: the pools' codes decoded and the step's
+/// codes written back by [`reference::attention_step_kv8`].
+#[allow(clippy::too_many_arguments)]
+fn attention_step_qkv8<F: HostPrimitive, I: HostPrimitive>(
+    qkv: F,
+    heads: usize,
+    kpool: I,
+    vpool: I,
+    lens: I,
+    slots: I,
+    scale: f32,
+    kv_scales: (f32, f32),
+) -> (F, I, I) {
+    let (x, shape) = qkv.floats();
+    let pshape = kpool.dims();
+    let (kvh, cap, hd) = (pshape[1], pshape[2], 4 * pshape[3]);
+    let (mut kc, mut vc) = (kpool.bytes().into_owned(), vpool.bytes().into_owned());
+    let (qw, kw) = (heads * hd, kvh * hd);
+    let part = |from: usize, len: usize| -> Vec<f32> {
+        x.chunks(shape[1])
+            .flat_map(|r| r[from..from + len].iter().copied())
+            .collect()
+    };
+    let (q, k, v) = (part(0, qw), part(qw, kw), part(qw + kw, kw));
+    let o = reference::attention_step_kv8(
+        &q,
+        &k,
+        &v,
+        &mut kc,
+        &mut vc,
+        &lens.ints(),
+        &slots.ints(),
+        (heads, kvh, hd, cap),
+        scale,
+        kv_scales,
+    );
+    (
+        from_floats(o, vec![shape[0], heads, hd]),
+        words(&kc, pshape.clone()),
+        words(&vc, pshape),
+    )
+}
+
+fn write_slots8<F: HostPrimitive, I: HostPrimitive>(pool: I, src: F, slots: I, scale: f32) -> I {
+    let ps = pool.dims();
+    let mut codes = pool.bytes().into_owned();
+    let (sv, ss) = src.floats();
+    let (a, m, c, l) = (ps[1], ps[2], 4 * ps[3], ss[2]);
+    for (b, slot) in slots.ints().into_iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..l {
+                let dst = ((slot as usize * a + ai) * m + li) * c;
+                let from = &sv[((b * a + ai) * l + li) * c..][..c];
+                for (d, &x) in codes[dst..dst + c].iter_mut().zip(from) {
+                    *d = reference::kv8_code(x, scale);
+                }
+            }
+        }
+    }
+    words(&codes, ps)
+}
+
 fn argmax_rows<F: HostPrimitive, I: HostPrimitive>(x: F) -> I {
     let (v, shape) = x.floats();
     let cols = shape.last().copied().unwrap_or(1).max(1);
@@ -828,6 +908,30 @@ macro_rules! host_backend {
             ) -> burn::backend::tensor::FloatTensor<Self> {
                 attention_prefill(q, kpool, vpool, seqs, heads, scale)
             }
+            fn attention_step_qkv8(
+                qkv: burn::backend::tensor::FloatTensor<Self>,
+                heads: usize,
+                kpool: burn::backend::tensor::IntTensor<Self>,
+                vpool: burn::backend::tensor::IntTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                scale: f32,
+                kv_scales: (f32, f32),
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::IntTensor<Self>,
+                burn::backend::tensor::IntTensor<Self>,
+            ) {
+                attention_step_qkv8(qkv, heads, kpool, vpool, lens, slots, scale, kv_scales)
+            }
+            fn write_slots8(
+                pool: burn::backend::tensor::IntTensor<Self>,
+                src: burn::backend::tensor::FloatTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                scale: f32,
+            ) -> burn::backend::tensor::IntTensor<Self> {
+                write_slots8(pool, src, slots, scale)
+            }
             fn argmax_rows(
                 x: burn::backend::tensor::FloatTensor<Self>,
             ) -> burn::backend::tensor::IntTensor<Self> {
@@ -853,6 +957,11 @@ macro_rules! host_backend {
             fn contiguous(
                 x: burn::backend::tensor::FloatTensor<Self>,
             ) -> burn::backend::tensor::FloatTensor<Self> {
+                x
+            }
+            fn contiguous_int(
+                x: burn::backend::tensor::IntTensor<Self>,
+            ) -> burn::backend::tensor::IntTensor<Self> {
                 x
             }
             fn write_slot(

@@ -473,6 +473,34 @@ pub trait NemotronOps: Backend {
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`Self::attention_step_qkv`] over an FP8 KV cache: pools `[S, KVH, cap, D/4]` of I32
+    /// words, each four E4M3 codes (little-endian, in element order) of `x / scale`, read as
+    /// `f32(code) · scale` with `kv_scales = (k_scale, v_scale)` (vLLM's convention). The step's
+    /// own K/V are stored the same way and attended as stored. `D` must be a multiple of 4 that
+    /// [`crate::ops::kv8_fits`]. Returns `(o [B, heads, D], kpool, vpool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_step_qkv8(
+        qkv: FloatTensor<Self>,
+        heads: usize,
+        kpool: IntTensor<Self>,
+        vpool: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        scale: f32,
+        kv_scales: (f32, f32),
+    ) -> (FloatTensor<Self>, IntTensor<Self>, IntTensor<Self>);
+
+    /// `pool[slots[b], a, l, :]` = the FP8 KV codes of `src[b, a, l, :] / scale` for every
+    /// `l < L` and every row with `slots[b] ≥ 0` (`pool` `[S, A, M, C/4]` I32 words as in
+    /// [`Self::attention_step_qkv8`], `src` `[B, A, L, C]`, `L ≤ M`), in place: prefilled keys or
+    /// values entering an FP8 cache. Returns `pool`.
+    fn write_slots8(
+        pool: IntTensor<Self>,
+        src: FloatTensor<Self>,
+        slots: IntTensor<Self>,
+        scale: f32,
+    ) -> IntTensor<Self>;
+
     /// Each row's arg-max over `x` `[B, V]` (the lowest index on ties; NaN never wins): `[B]`
     /// I32. Greedy sampling on the device — one launch, `B` ids to read back.
     fn argmax_rows(x: FloatTensor<Self>) -> IntTensor<Self>;
@@ -494,6 +522,9 @@ pub trait NemotronOps: Backend {
     /// `x` in a dense row-major buffer (CUDA's default allocation may pitch rows; the slot pools
     /// are written in place by kernels that index dense buffers). A no-op where already dense.
     fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// [`Self::contiguous`] for an int tensor (the FP8 KV pools' words).
+    fn contiguous_int(x: IntTensor<Self>) -> IntTensor<Self>;
 
     /// `pool[slot, :, 0..L, :] = src` for `pool` `[S, A, M, C]` and `src` `[A, L, C]` (`L ≤ M`),
     /// in place: how a prefilled sequence's state enters its slot. Returns `pool`.

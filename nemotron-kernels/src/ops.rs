@@ -759,6 +759,86 @@ pub fn attention_step_qkv(
     (out(o), out(kp), out(vp))
 }
 
+/// Whether an FP8 KV cache ([`attention_step_qkv8`]) takes heads of `head_dim`: a multiple of 4
+/// (four codes to a word) dividing 128 (the fused decode forms' cube), on every backend alike.
+pub fn kv8_fits(head_dim: usize) -> bool {
+    head_dim > 0 && head_dim.is_multiple_of(4) && 128usize.is_multiple_of(head_dim)
+}
+
+/// [`attention_step_qkv`] over an FP8 KV cache (see [`NemotronOps::attention_step_qkv8`]):
+/// pools `[S, KVH, cap, D/4]` I32 words of E4M3 codes, `kv_scales = (k_scale, v_scale)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_step_qkv8(
+    qkv: Tensor<2>,
+    heads: usize,
+    kpool: Tensor<4, Int>,
+    vpool: Tensor<4, Int>,
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    scale: f32,
+    kv_scales: (f32, f32),
+) -> (Tensor<3>, Tensor<4, Int>, Tensor<4, Int>) {
+    let [b, w] = qkv.dims();
+    let [s, kvh, _, words] = kpool.dims();
+    let hd = 4 * words;
+    assert!(
+        kvh > 0 && heads % kvh == 0 && w == (heads + 2 * kvh) * hd && kv8_fits(hd),
+        "attention_step_qkv8: qkv [{b}, {w}] for {heads} heads, pool [{s}, {kvh}, _, {words}] \
+         (head dim {hd})"
+    );
+    assert!(
+        vpool.dims() == kpool.dims() && kpool.dtype() == DType::I32 && vpool.dtype() == DType::I32,
+        "attention_step_qkv8: K and V pools must be I32 words of one shape"
+    );
+    assert!(
+        kv_scales.0 > 0.0
+            && kv_scales.1 > 0.0
+            && kv_scales.0.is_finite()
+            && kv_scales.1.is_finite(),
+        "attention_step_qkv8: KV scales {kv_scales:?} must be positive and finite"
+    );
+    assert_eq!(slots.dims(), [b], "attention_step_qkv8: one slot per row");
+    assert_eq!(lens.dims(), [s], "attention_step_qkv8: one length per slot");
+    let (o, kp, vp) = <D as NemotronOps>::attention_step_qkv8(
+        qkv.into_dispatch(),
+        heads,
+        kpool.into_dispatch(),
+        vpool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        scale,
+        kv_scales,
+    );
+    (out(o), Tensor::from_dispatch(kp), Tensor::from_dispatch(vp))
+}
+
+/// `pool[slots[b], a, l, :]` = the FP8 KV codes of `src[b, a, l, :] / scale` (`pool`
+/// `[S, A, M, C/4]` I32 words, `src` `[B, A, L, C]`, rows with a negative slot skipped): see
+/// [`NemotronOps::write_slots8`]. Shapes are checked here; the slots are the caller's.
+pub fn write_slots8(
+    pool: Tensor<4, Int>,
+    src: Tensor<4>,
+    slots: &Tensor<1, Int>,
+    scale: f32,
+) -> Tensor<4, Int> {
+    let ([s, a, m, w], [b, sa, l, c]) = (pool.dims(), src.dims());
+    assert!(
+        pool.dtype() == DType::I32 && sa == a && c == 4 * w && l <= m && slots.dims() == [b],
+        "write_slots8: src [{b}, {sa}, {l}, {c}] ({} slots) into [{s}, {a}, {m}, {w}] words",
+        slots.dims()[0]
+    );
+    assert!(
+        scale > 0.0 && scale.is_finite(),
+        "write_slots8: scale {scale} must be positive and finite"
+    );
+    Tensor::from_dispatch(<D as NemotronOps>::write_slots8(
+        pool.into_dispatch(),
+        src.into_dispatch(),
+        slots.clone().into_dispatch(),
+        scale,
+    ))
+}
+
 /// Causal GQA prefill attention of a prompt chunk over key pools, in one launch (flash
 /// attention: no `[heads, T, S]` scores in memory): `q` `[B, T, W]` with query head `h` of a row
 /// at columns `h·D ..` (`W ≥ heads·D`: a fused `q | k | v` projection is read in place); `kpool`,
@@ -935,6 +1015,11 @@ pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, I
 /// `x` in a dense row-major buffer (slot pools must be, to be written in place).
 pub fn contiguous<const N: usize>(x: Tensor<N>) -> Tensor<N> {
     out(<D as NemotronOps>::contiguous(x.into_dispatch()))
+}
+
+/// An int tensor in a dense row-major buffer (the FP8 KV pools, written in place).
+pub fn contiguous_int<const N: usize>(x: Tensor<N, Int>) -> Tensor<N, Int> {
+    Tensor::from_dispatch(<D as NemotronOps>::contiguous_int(x.into_dispatch()))
 }
 
 /// `pool[slot, :, 0..L, :] = src` (`pool` `[S, A, M, C]`, `src` `[A, L, C]`).

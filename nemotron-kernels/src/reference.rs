@@ -557,6 +557,65 @@ pub fn attention_step(
     o
 }
 
+/// The E4M3 code an FP8 KV cache stores for `x` under `scale`: `e4m3(x / scale)`, round to
+/// nearest even, saturating at ±448 (the format crate's encoder, checked against torch's cast).
+pub fn kv8_code(x: f32, scale: f32) -> u8 {
+    fmt::f32_to_e4m3(x / scale)
+}
+
+/// The value an FP8 KV cache reads back for `code` under `scale`.
+pub fn kv8_value(code: u8, scale: f32) -> f32 {
+    fmt::e4m3_to_f32(code) * scale
+}
+
+/// [`attention_step`] over an FP8 KV cache (see [`crate::NemotronOps::attention_step_qkv8`]):
+/// `kcodes`/`vcodes` the pools' E4M3 codes in element order (`[S, KVH, cap, D]`); the step's
+/// `k`, `v` are stored as codes and attended as stored, like every earlier position.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_step_kv8(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kcodes: &mut [u8],
+    vcodes: &mut [u8],
+    lens: &[i64],
+    slots: &[i64],
+    dims: (usize, usize, usize, usize),
+    scale: f32,
+    (ks, vs): (f32, f32),
+) -> Vec<f32> {
+    let (_, kvh, hd, cap) = dims;
+    let (kq, vq): (Vec<u8>, Vec<u8>) = (
+        k.iter().map(|&x| kv8_code(x, ks)).collect(),
+        v.iter().map(|&x| kv8_code(x, vs)).collect(),
+    );
+    let values = |c: &[u8], sc: f32| -> Vec<f32> { c.iter().map(|&c| kv8_value(c, sc)).collect() };
+    let (mut kp, mut vp) = (values(kcodes, ks), values(vcodes, vs));
+    let o = attention_step(
+        q,
+        &values(&kq, ks),
+        &values(&vq, vs),
+        &mut kp,
+        &mut vp,
+        lens,
+        slots,
+        dims,
+        scale,
+    );
+    for (b, &s) in slots.iter().enumerate() {
+        if s < 0 {
+            continue;
+        }
+        let (s, len) = (s as usize, lens[s as usize] as usize);
+        for g in 0..kvh {
+            let at = ((s * kvh + g) * cap + len) * hd;
+            kcodes[at..at + hd].copy_from_slice(&kq[(b * kvh + g) * hd..][..hd]);
+            vcodes[at..at + hd].copy_from_slice(&vq[(b * kvh + g) * hd..][..hd]);
+        }
+    }
+    o
+}
+
 /// Causal GQA prefill attention over a key pool (see [`crate::NemotronOps::attention_prefill`]):
 /// `q` `[B, T, W]` (head `h` at columns `h·D ..`), pools `[S, KVH, cap, D]`, `seqs` `[B, 3]`
 /// (slot, keys before the chunk, chunk length). Two passes per row (the maximum, then the

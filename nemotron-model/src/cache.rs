@@ -48,11 +48,58 @@ pub(crate) enum BatchLayer {
     Stateless,
 }
 
+/// How slot KV caches hold keys and values (vLLM's `--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// The activation dtype.
+    #[default]
+    Auto,
+    /// E4M3 codes of `x / scale` with the checkpoint's `k_scale` / `v_scale` (1.0 where it
+    /// ships none), read as `f32(code) · scale`: half the bytes of bf16. Decode steps store and
+    /// attend the codes; a prompt's own prefill attends its keys in the activation dtype and
+    /// then stores them as codes.
+    Fp8,
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KvCacheDtype::Auto),
+            "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
+            other => Err(format!(
+                "KV cache dtype `{other}`: expected `auto` (the activation dtype) or `fp8` (E4M3)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvCacheDtype::Auto => "auto",
+            KvCacheDtype::Fp8 => "fp8",
+        })
+    }
+}
+
 /// One layer's share of the slot pools.
 #[derive(Debug, Clone)]
 pub enum SlotLayer {
-    Mamba { conv: Tensor<3>, ssm: Tensor<4> },
-    Attention { k: Tensor<4>, v: Tensor<4> },
+    Mamba {
+        conv: Tensor<3>,
+        ssm: Tensor<4>,
+    },
+    Attention {
+        k: Tensor<4>,
+        v: Tensor<4>,
+    },
+    /// An FP8 KV cache ([`KvCacheDtype::Fp8`]): `[S, KVH, capacity, D/4]` I32 words, four E4M3
+    /// codes each.
+    Attention8 {
+        k: Tensor<4, Int>,
+        v: Tensor<4, Int>,
+    },
     Stateless,
 }
 
@@ -91,6 +138,10 @@ impl SlotState {
             .map(|l| match l {
                 SlotLayer::Mamba { conv, ssm } => size(conv) + size4(ssm),
                 SlotLayer::Attention { k, v } => size4(k) + size4(v),
+                SlotLayer::Attention8 { k, v } => {
+                    let words = |t: &Tensor<4, Int>| t.shape().num_elements() * t.dtype().size();
+                    words(k) + words(v)
+                }
                 SlotLayer::Stateless => 0,
             })
             .sum::<usize>()

@@ -31,8 +31,8 @@ pub mod scoring;
 pub mod slots;
 mod util;
 
-pub use cache::SequenceState;
 pub use cache::SlotState;
+pub use cache::{KvCacheDtype, SequenceState};
 pub use deviation::Deviations;
 pub use engine::{Engine, EngineOptions, Event, RequestId, SlotMemory, MAX_SLOTS};
 pub use error::ModelError;

@@ -1,8 +1,8 @@
 //! The NemotronH stack: embeddings → blocks → `norm_f` → `lm_head`, built from a loaded checkpoint.
 
-use crate::cache::{BatchLayer, SequenceState};
+use crate::cache::{BatchLayer, KvCacheDtype, SequenceState};
 use crate::error::ModelError;
-use crate::layers::block::Block;
+use crate::layers::block::{Block, Mixer};
 use crate::layers::linear::Linear;
 use crate::layers::moe::MoeOut;
 use crate::layers::norm::RmsNorm;
@@ -24,6 +24,8 @@ pub struct NemotronH {
     lm_head: Linear,
     report: Option<LoadReport>,
     device: Device,
+    /// How slot states hold keys and values ([`Self::with_kv_cache`]).
+    kv_cache: KvCacheDtype,
 }
 
 /// The activation dtypes the model runs in.
@@ -112,11 +114,37 @@ impl NemotronH {
             lm_head,
             report: Some(report),
             device: dev.clone(),
+            kv_cache: KvCacheDtype::Auto,
         })
     }
 
     pub fn config(&self) -> &NemotronHConfig {
         &self.config
+    }
+
+    /// This model with slot states ([`Self::new_slots`], so the engine, the generator and the
+    /// server) holding keys and values as `kv` says. The ragged forward over
+    /// [`crate::SequenceState`]s (the reference path) keeps them in the activation dtype. An FP8
+    /// cache is refused, by layer, where a head dim is not a multiple of 4 dividing 128, or a
+    /// checkpoint's KV scale is not positive and finite.
+    pub fn with_kv_cache(mut self, kv: KvCacheDtype) -> Result<Self, ModelError> {
+        if kv == KvCacheDtype::Fp8 {
+            for (i, b) in self.layers.iter().enumerate() {
+                if let Mixer::Attention(a) = b.mixer() {
+                    a.check_kv8().map_err(|reason| ModelError::Unsupported {
+                        tensor: format!("backbone.layers.{i}.mixer"),
+                        reason: format!("an FP8 KV cache: {reason}"),
+                    })?;
+                }
+            }
+        }
+        self.kv_cache = kv;
+        Ok(self)
+    }
+
+    /// How slot states hold keys and values.
+    pub fn kv_cache(&self) -> KvCacheDtype {
+        self.kv_cache
     }
 
     pub fn device(&self) -> &Device {

@@ -18,11 +18,12 @@ use nemotron_kernels::{ops, Epilogue};
 impl NemotronH {
     /// Device bytes one slot of `capacity` tokens takes (every layer's pools and its length):
     /// what [`Self::new_slots`] allocates per slot, so an engine can size its slots from a
-    /// memory budget ([`crate::EngineOptions::for_memory`]).
+    /// memory budget ([`crate::EngineOptions::for_memory`]). An FP8 KV cache
+    /// ([`Self::with_kv_cache`]) takes half the KV bytes of bf16.
     pub fn slot_bytes(&self, capacity: usize) -> usize {
         self.layers()
             .iter()
-            .map(|b| b.slot_bytes(capacity, self.dtype()))
+            .map(|b| b.slot_bytes(capacity, self.dtype(), self.kv_cache()))
             .sum::<usize>()
             + DType::I32.size()
     }
@@ -48,7 +49,7 @@ impl NemotronH {
         let layers = self
             .layers()
             .iter()
-            .map(|b| b.new_slots(slots, capacity, dev, self.dtype()))
+            .map(|b| b.new_slots(slots, capacity, dev, self.dtype(), self.kv_cache()))
             .collect();
         Ok(SlotState {
             layers,
@@ -81,7 +82,8 @@ impl NemotronH {
                 context: st.capacity,
             });
         }
-        for (pools, state) in st.layers.iter_mut().zip(&seq.layers) {
+        for ((pools, state), block) in st.layers.iter_mut().zip(&seq.layers).zip(self.layers()) {
+            let mixer = block.mixer();
             match (pools, state) {
                 (SlotLayer::Mamba { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
                     *conv = ops::write_slot(
@@ -96,6 +98,14 @@ impl NemotronH {
                     if let Some((ks, vs)) = Attention::prefix(st) {
                         *k = ops::write_slot(k.clone(), ks, slot);
                         *v = ops::write_slot(v.clone(), vs, slot);
+                    }
+                }
+                (SlotLayer::Attention8 { k, v }, st) => {
+                    if let (Some((ks, vs)), Mixer::Attention(a)) = (Attention::prefix(st), mixer) {
+                        let one = slot_ids(self, &[slot as i32]);
+                        let (sk, sv) = a.kv8_scales();
+                        *k = ops::write_slots8(k.clone(), ks.unsqueeze_dim(0), &one, sk);
+                        *v = ops::write_slots8(v.clone(), vs.unsqueeze_dim(0), &one, sv);
                     }
                 }
                 (SlotLayer::Stateless, LayerState::Stateless) => {}
@@ -199,6 +209,36 @@ impl NemotronH {
                         }
                     }
                 }
+                (SlotLayer::Attention8 { k, v }, kept) => {
+                    let Mixer::Attention(a) = self.layers()[l].mixer() else {
+                        return Err(ModelError::Input(format!(
+                            "layer {l}: an FP8 KV cache where the layer is not attention"
+                        )));
+                    };
+                    let (sk, sv) = a.kv8_scales();
+                    match kept {
+                        Some(BatchLayer::Attention { k: kb, v: vb }) => {
+                            *k = ops::write_slots8(k.clone(), kb, &slot_t, sk);
+                            *v = ops::write_slots8(v.clone(), vb, &slot_t, sv);
+                        }
+                        None => {
+                            for (seq, &slot) in states.iter().zip(slots) {
+                                if let Some((ks, vs)) = Attention::prefix(&seq.layers[l]) {
+                                    let one = slot_ids(self, &[slot as i32]);
+                                    *k =
+                                        ops::write_slots8(k.clone(), ks.unsqueeze_dim(0), &one, sk);
+                                    *v =
+                                        ops::write_slots8(v.clone(), vs.unsqueeze_dim(0), &one, sv);
+                                }
+                            }
+                        }
+                        Some(other) => {
+                            return Err(ModelError::Input(format!(
+                                "layer {l}: a batch state {other:?} does not fit an FP8 KV cache"
+                            )))
+                        }
+                    }
+                }
                 (SlotLayer::Stateless, Some(BatchLayer::Stateless)) => {}
                 (p, k) => {
                     return Err(ModelError::Input(format!(
@@ -252,6 +292,14 @@ impl NemotronH {
         st.lens = ops::advance_lens(st.lens.clone(), slots);
         self.lm_head().forward(h, Epilogue::None)
     }
+}
+
+/// `ids` as an I32 tensor on the model's device (slot indices for the slot writes).
+fn slot_ids(m: &NemotronH, ids: &[i32]) -> Tensor<1, Int> {
+    Tensor::from_data(
+        TensorData::new(ids.to_vec(), [ids.len()]),
+        (m.device(), DType::I32),
+    )
 }
 
 /// A prefilled conv state `[C, K-1]` (oldest first, the inputs of times `len − K + 1 … len − 1`)

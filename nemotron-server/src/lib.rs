@@ -46,6 +46,7 @@ pub mod worker;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics::Metrics;
+pub use nemotron::model::KvCacheDtype;
 use nemotron::model::{EngineOptions, SlotMemory};
 use nemotron::{ChatTemplate, GenerationDefaults, TextModel, Tokenizer};
 use state::AppState;
@@ -84,6 +85,10 @@ pub struct ServerOptions {
     /// The most tokens of one prompt a step prefills (0: no limit): longer prompts are admitted
     /// over several steps while the running streams keep decoding.
     pub prefill_chunk: usize,
+    /// How the slots hold keys and values (`--kv-cache-dtype`): the activation dtype, or E4M3
+    /// codes with the checkpoint's scales (half the KV bytes; refused by name where a layer
+    /// cannot hold it).
+    pub kv_cache: KvCacheDtype,
 }
 
 impl ServerOptions {
@@ -97,6 +102,7 @@ impl ServerOptions {
             graphs: true,
             step_tokens: 0,
             prefill_chunk: 0,
+            kv_cache: KvCacheDtype::Auto,
         }
     }
 }
@@ -203,10 +209,11 @@ impl Server {
             }
         };
         eprintln!(
-            "engine: {} slots × {} tokens of context ({:.1} MiB of state{}), queue {}",
+            "engine: {} slots × {} tokens of context ({:.1} MiB of state, KV cache {}{}), queue {}",
             ready.max_batch,
             ready.context_length,
             ready.slot_bytes as f64 / (1 << 20) as f64,
+            opts.kv_cache,
             match opts.slot_memory {
                 Some(m) => format!(", sized from slot memory {m}"),
                 None => String::new(),
@@ -343,9 +350,13 @@ fn engine_thread<F>(
         load_state.stopped.store(true, Ordering::SeqCst);
         let _ = ready.send(Err(e));
     };
-    let tm = match load() {
+    let mut tm = match load() {
         Ok(tm) => tm,
         Err(e) => return fail(e.into()),
+    };
+    tm.model = match tm.model.with_kv_cache(opts.kv_cache) {
+        Ok(m) => m,
+        Err(e) => return fail(ServerError::Load(e.into())),
     };
     let cfg = tm.model.config();
     let max_pos = cfg.max_position_embeddings;

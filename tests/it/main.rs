@@ -12,4 +12,5 @@ mod engine;
 mod generation;
 mod hf_parity;
 mod imports;
+mod kv8;
 mod slots;

@@ -69,7 +69,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 B=.device/release
 # The CUDA tests of the root crate's one test binary (deps/it), by module.
-IT="engine:: slots:: decode_graph:: device_parity:: consistency::"
+IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8::"
 LT=/tmp/lt
 wait_lt() { if [ -n "${SYNTH_PID:-}" ]; then wait "$SYNTH_PID"; SYNTH_PID=; fi; }
 run() { # log-file command...

@@ -24,6 +24,7 @@ pub(crate) mod argmax;
 pub(crate) mod attention;
 pub(crate) mod bf16_mma;
 pub(crate) mod buffers;
+pub(crate) mod kv8;
 pub(crate) mod linear;
 pub(crate) mod logprobs;
 pub(crate) mod mamba;
@@ -344,6 +345,32 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         attention::decode::launch_fused(qkv, heads, kpool, vpool, lens, slots, scale)
     }
 
+    fn attention_step_qkv8(
+        qkv: T<R>,
+        heads: usize,
+        kpool: T<R>,
+        vpool: T<R>,
+        lens: T<R>,
+        slots: T<R>,
+        scale: f32,
+        kv_scales: (f32, f32),
+    ) -> (T<R>, T<R>, T<R>) {
+        attention::decode::launch_fused_kv(
+            qkv,
+            heads,
+            kpool,
+            vpool,
+            lens,
+            slots,
+            scale,
+            Some(kv_scales),
+        )
+    }
+
+    fn write_slots8(pool: T<R>, src: T<R>, slots: T<R>, scale: f32) -> T<R> {
+        slots::write_many8_launch(pool, src, slots, scale)
+    }
+
     fn attention_prefill(
         q: T<R>,
         kpool: T<R>,
@@ -368,6 +395,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
     }
 
     fn contiguous(x: T<R>) -> T<R> {
+        burn_cubecl::kernel::into_contiguous(x)
+    }
+
+    fn contiguous_int(x: T<R>) -> T<R> {
         burn_cubecl::kernel::into_contiguous(x)
     }
 

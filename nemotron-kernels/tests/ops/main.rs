@@ -25,6 +25,10 @@ mod slots;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::rng::Lcg;
 
+/// Held by every test that sets the process-wide decode attention form, so two of them running
+/// on parallel threads do not switch each other's form mid-comparison.
+pub static ATTN_FORM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The shared generator; with `bf16` set every value is rounded to bf16, so the device arm's bf16
 /// inputs and the f32 reference's inputs are the same numbers.
 pub struct Rng {
@@ -819,4 +823,6 @@ arms! {
     attention_prefill_mma => attention::attention_prefill_mma_matches,
     advance_and_write_slot => slots::advance_and_write_slot_match,
     write_slots => slots::write_slots_match,
+    attention_step_kv8 => slots::attention_step_kv8_matches,
+    write_slots8 => slots::write_slots8_match,
 }

@@ -304,6 +304,7 @@ fn ssm_step_case(arm: &Arm, n: usize, rows: &[i32]) {
 /// capacity that is not a multiple of the chunk, a context past 8 chunks (the merge's rounds), a
 /// pad row.
 pub fn attention_step_matches(arm: &Arm) {
+    let _form = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
     use nemotron_kernels::cube::plans::attention::{set_form, AttnForm};
     for form in [AttnForm::Gqa, AttnForm::Split, AttnForm::Unfused] {
         set_form(form);
@@ -485,4 +486,159 @@ pub fn write_slots_match(arm: &Arm) {
     close("write_slots", &gp, &want, 0.0);
     close("write_slots (host)", &hp, &want, 0.0);
     close("write_slots in place", &gbefore, &gp, 0.0);
+}
+
+/// Random E4M3 codes as I32 words, the two NaN codes avoided (a cache never stores them).
+fn code_words(rng: &mut Rng, n_codes: usize) -> (Vec<u8>, Vec<i32>) {
+    let codes: Vec<u8> = (0..n_codes)
+        .map(|_| {
+            let c = (rng.next().abs() * 255.0) as u8;
+            if c & 0x7F == 0x7F {
+                c ^ 1
+            } else {
+                c
+            }
+        })
+        .collect();
+    let words = nemotron_kernels::bytes_to_words(&codes);
+    (codes, words)
+}
+
+fn words4(a: &Arm, w: &[i32], shape: [usize; 4]) -> Tensor<4, Int> {
+    Tensor::from_data(
+        TensorData::new(w.to_vec(), shape),
+        (&a.dev, burn::tensor::DType::I32),
+    )
+}
+
+fn words_of(t: Tensor<4, Int>) -> Vec<i64> {
+    t.into_data().convert::<i64>().into_vec().unwrap()
+}
+
+/// Decode attention over an FP8 KV cache (E4M3 codes four to a word, `k_scale` 1.7 and
+/// `v_scale` 0.45 so a scale applied on one side only moves every score and value) against the
+/// host reference, on both fused forms (the unfused one asked runs the split form): the output
+/// within the arm's band, the appended codes equal to the host's (the same E4M3 rounding of the
+/// same `x / scale`), the pools written in place. Two keys of the step are 3 × 448 · 1.7, so
+/// saturation at ±448 is exercised.
+pub fn attention_step_kv8_matches(arm: &Arm) {
+    let _form = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
+    use nemotron_kernels::cube::plans::attention::{set_form, AttnForm};
+    for form in [AttnForm::Gqa, AttnForm::Split, AttnForm::Unfused] {
+        set_form(form);
+        for (cap, lens, hd, nh) in [
+            (8, [3, 0, 5], 16, 4),
+            (130, [63, 64, 129], 128, 32),
+            (700, [600, 1, 640], 128, 32),
+            (200, [130, 0, 198], 16, 6),
+        ] {
+            attention_step_kv8_case(arm, form, cap, lens, hd, nh);
+        }
+    }
+    set_form(AttnForm::Gqa);
+}
+
+fn attention_step_kv8_case(
+    arm: &Arm,
+    form: nemotron_kernels::cube::plans::attention::AttnForm,
+    cap: usize,
+    lens: [i32; 3],
+    hd: usize,
+    nh: usize,
+) {
+    let (href, mut rng) = (Arm::host(), Rng::new(16, arm));
+    let (s, kvh) = (3, 2);
+    let rows = [2, 0, -1, 1];
+    let b = rows.len();
+    let (qw, kw) = (nh * hd, kvh * hd);
+    let mut qkv = rng.vec(b * (qw + 2 * kw), 1.0);
+    // A few keys far past the E4M3 range once divided by the scale.
+    qkv[qw] = 3.0 * 448.0 * 1.7;
+    qkv[qw + 1] = -3.0 * 448.0 * 1.7;
+    // The pools: codes of keys and values of the inputs' size (random codes over the whole
+    // E4M3 range would put scores in the thousands, where f32 order alone moves the softmax).
+    let mut pool_words = |sc: f32| -> Vec<i32> {
+        let codes: Vec<u8> = rng
+            .vec(s * kvh * cap * hd, 1.0)
+            .into_iter()
+            .map(|x| nemotron_formats::f32_to_e4m3(x / sc))
+            .collect();
+        nemotron_kernels::bytes_to_words(&codes)
+    };
+    let (kwords, vwords) = (pool_words(1.7), pool_words(0.45));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let shape = [s, kvh, cap, hd / 4];
+    let run = |a: &Arm| {
+        let (kpool, vpool) = (words4(a, &kwords, shape), words4(a, &vwords, shape));
+        let before = kpool.clone();
+        let (o, kpool, vpool) = ops::attention_step_qkv8(
+            a.t(&qkv, [b, qw + 2 * kw]),
+            nh,
+            kpool,
+            vpool,
+            &slots(a, &lens),
+            &slots(a, &rows),
+            scale,
+            (1.7, 0.45),
+        );
+        (host(o), words_of(kpool), words_of(vpool), words_of(before))
+    };
+    let ((go, gk, gv, gbefore), (ro, rk, rv, _)) = (run(arm), run(&href));
+    let tag = format!("{form:?} (cap {cap}, lens {lens:?}, hd {hd}, {nh} heads)");
+    close(
+        &format!("attention_step_qkv8 o {tag}"),
+        &go,
+        &ro,
+        arm.band.lin,
+    );
+    assert!(
+        go[2 * qw..3 * qw].iter().all(|&v| v == 0.0),
+        "attention_step_qkv8: a pad row is not zero"
+    );
+    assert_eq!(gk, rk, "attention_step_qkv8 K codes {tag}");
+    assert_eq!(gv, rv, "attention_step_qkv8 V codes {tag}");
+    assert_eq!(gbefore, gk, "attention_step_qkv8 K pool written in place");
+    let original: Vec<i64> = kwords.iter().map(|&w| w as i64).collect();
+    assert_ne!(gk, original, "attention_step_qkv8 appended nothing");
+}
+
+/// A batch entering an FP8 cache (`write_slots8`) against the definition written out here with
+/// the format crate's E4M3 encoder (checked against torch's cast): row 0 into slot 3, row 1 a
+/// pad row, row 2 into slot 0, `L` = 4 of `M` = 6 positions; everything else keeps its codes.
+pub fn write_slots8_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(17, arm));
+    let (s, a, m, c, b, l) = (5usize, 2usize, 6usize, 8usize, 3usize, 4usize);
+    let slot_ids = [3i32, -1, 0];
+    let scale = 0.3f32;
+    let (mut codes, words) = code_words(&mut rng, s * a * m * c);
+    let mut src = rng.vec(b * a * l * c, 200.0);
+    src[0] = 1.0e4; // saturates at 448 · scale
+    for (bi, &slot) in slot_ids.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..l {
+                for ci in 0..c {
+                    let x = src[((bi * a + ai) * l + li) * c + ci];
+                    codes[((slot as usize * a + ai) * m + li) * c + ci] =
+                        nemotron_formats::f32_to_e4m3(x / scale);
+                }
+            }
+        }
+    }
+    let want: Vec<i64> = nemotron_kernels::bytes_to_words(&codes)
+        .into_iter()
+        .map(|w| w as i64)
+        .collect();
+    let run = |ar: &Arm| {
+        let p = words4(ar, &words, [s, a, m, c / 4]);
+        let before = p.clone();
+        let p = ops::write_slots8(p, ar.t(&src, [b, a, l, c]), &slots(ar, &slot_ids), scale);
+        (words_of(p), words_of(before))
+    };
+    let ((gp, gbefore), (hp, _)) = (run(arm), run(&href));
+    assert_eq!(gp, want, "write_slots8");
+    assert_eq!(hp, want, "write_slots8 (host)");
+    assert_eq!(gbefore, gp, "write_slots8 in place");
 }

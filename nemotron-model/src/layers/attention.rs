@@ -1,6 +1,6 @@
 //! GQA causal attention without positional encoding (NemotronH has no RoPE).
 
-use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
+use crate::cache::{BatchLayer, KvCacheDtype, LayerState, SequenceState, SlotLayer};
 use crate::layers::linear::Linear;
 use crate::util::from_vec;
 use burn::tensor::{activation::softmax, DType, Device, Int, Tensor, TensorData};
@@ -30,8 +30,8 @@ pub struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    /// FP8 KV-cache scales shipped with the checkpoint. The cache here is kept in the activation
-    /// dtype, so they are not applied (recorded for an FP8 cache later).
+    /// FP8 KV-cache scales shipped with the checkpoint (`k_scale`, `v_scale`): applied by an
+    /// FP8 slot cache ([`KvCacheDtype::Fp8`]), 1.0 where the checkpoint ships none.
     pub kv_scales: Option<(f32, f32)>,
     /// Rotary embeddings with this base (a deviation; `None` for the model).
     rope_theta: Option<f32>,
@@ -94,24 +94,65 @@ impl Attention {
     }
 
     /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools: K and
-    /// V `[KVH, capacity, D]` each in `dtype`.
-    pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
-        2 * self.kv_heads * capacity * self.head_dim * dtype.size()
+    /// V `[KVH, capacity, D]` each in `dtype`, or one byte an element in an FP8 cache.
+    pub fn slot_bytes(&self, capacity: usize, dtype: DType, kv: KvCacheDtype) -> usize {
+        let elem = match kv {
+            KvCacheDtype::Auto => dtype.size(),
+            KvCacheDtype::Fp8 => 1,
+        };
+        2 * self.kv_heads * capacity * self.head_dim * elem
+    }
+
+    /// The scales an FP8 cache divides keys and values by: the checkpoint's, else 1.0 (Nano's
+    /// NVFP4 checkpoint declares an FP8 KV cache and ships none).
+    pub(crate) fn kv8_scales(&self) -> (f32, f32) {
+        self.kv_scales.unwrap_or((1.0, 1.0))
+    }
+
+    /// Why this layer cannot hold an FP8 cache, if it cannot.
+    pub(crate) fn check_kv8(&self) -> Result<(), String> {
+        let (ks, vs) = self.kv8_scales();
+        if !ops::kv8_fits(self.head_dim) {
+            Err(format!(
+                "head dim {} is not a multiple of 4 dividing 128",
+                self.head_dim
+            ))
+        } else if !(ks > 0.0 && ks.is_finite() && vs > 0.0 && vs.is_finite()) {
+            Err(format!(
+                "k_scale {ks} and v_scale {vs} must be positive and finite"
+            ))
+        } else if self.rope_theta.is_some() {
+            Err("the RoPE deviation exists for the ragged reference only".into())
+        } else {
+            Ok(())
+        }
     }
 
     /// Zero KV pools for `slots` sequences of up to `capacity` tokens: `[S, KVH, cap, D]` each,
-    /// in the activation dtype.
+    /// in the activation dtype, or `[S, KVH, cap, D/4]` I32 words of E4M3 codes (FP8).
     pub fn new_slots(
         &self,
         slots: usize,
         capacity: usize,
         dev: &Device,
         dtype: DType,
+        kv: KvCacheDtype,
     ) -> SlotLayer {
-        let shape = [slots, self.kv_heads, capacity, self.head_dim];
-        SlotLayer::Attention {
-            k: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
-            v: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
+        match kv {
+            KvCacheDtype::Auto => {
+                let shape = [slots, self.kv_heads, capacity, self.head_dim];
+                SlotLayer::Attention {
+                    k: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
+                    v: ops::contiguous(Tensor::zeros(shape, (dev, dtype))),
+                }
+            }
+            KvCacheDtype::Fp8 => {
+                let shape = [slots, self.kv_heads, capacity, self.head_dim / 4];
+                SlotLayer::Attention8 {
+                    k: ops::contiguous_int(Tensor::zeros(shape, (dev, DType::I32))),
+                    v: ops::contiguous_int(Tensor::zeros(shape, (dev, DType::I32))),
+                }
+            }
         }
     }
 
@@ -126,10 +167,37 @@ impl Attention {
     ) -> Tensor<3> {
         let [bsz, _, _] = h.dims();
         let (nh, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let scale = (hd as f64).powf(-0.5) as f32;
+        if let SlotLayer::Attention8 { k: kpool, v: vpool } = pools {
+            // One `q | k | v` row per token (the fused projection's own, else the three cat).
+            let qkv = match &self.qkv {
+                Qkv::Fused(w) => w.forward(h, Epilogue::None),
+                Qkv::Separate { q, k, v } => Tensor::cat(
+                    vec![
+                        q.forward(h.clone(), Epilogue::None),
+                        k.forward(h.clone(), Epilogue::None),
+                        v.forward(h, Epilogue::None),
+                    ],
+                    2,
+                ),
+            };
+            let (o, kp, vp) = ops::attention_step_qkv8(
+                qkv.reshape([bsz, (nh + 2 * kvh) * hd]),
+                nh,
+                kpool.clone(),
+                vpool.clone(),
+                lens,
+                slots,
+                scale,
+                self.kv8_scales(),
+            );
+            *kpool = kp;
+            *vpool = vp;
+            return self.o.forward(o.reshape([bsz, 1, nh * hd]), Epilogue::None);
+        }
         let SlotLayer::Attention { k: kpool, v: vpool } = pools else {
             panic!("an attention layer's slots hold {pools:?}")
         };
-        let scale = (hd as f64).powf(-0.5) as f32;
         let (o, kp, vp) = match &self.qkv {
             Qkv::Fused(w) => {
                 let y = w

@@ -1,6 +1,6 @@
 //! A pre-norm residual block with one mixer: `x + mixer(RMSNorm(x))`.
 
-use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
+use crate::cache::{BatchLayer, KvCacheDtype, LayerState, SequenceState, SlotLayer};
 use crate::layers::attention::Attention;
 use crate::layers::mamba2::Mamba2;
 use crate::layers::mlp::Mlp;
@@ -110,10 +110,10 @@ impl Block {
     }
 
     /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools.
-    pub fn slot_bytes(&self, capacity: usize, dtype: DType) -> usize {
+    pub fn slot_bytes(&self, capacity: usize, dtype: DType, kv: KvCacheDtype) -> usize {
         match &self.mixer {
             Mixer::Mamba(m) => m.slot_bytes(),
-            Mixer::Attention(a) => a.slot_bytes(capacity, dtype),
+            Mixer::Attention(a) => a.slot_bytes(capacity, dtype, kv),
             Mixer::Moe(_) | Mixer::Mlp(_) => 0,
         }
     }
@@ -125,10 +125,11 @@ impl Block {
         capacity: usize,
         dev: &Device,
         dtype: DType,
+        kv: KvCacheDtype,
     ) -> SlotLayer {
         match &self.mixer {
             Mixer::Mamba(m) => m.new_slots(slots),
-            Mixer::Attention(a) => a.new_slots(slots, capacity, dev, dtype),
+            Mixer::Attention(a) => a.new_slots(slots, capacity, dev, dtype, kv),
             Mixer::Moe(_) | Mixer::Mlp(_) => SlotLayer::Stateless,
         }
     }

@@ -119,7 +119,7 @@ pub fn launch<R: CubeRuntime>(
         k_off: 0,
         v_off: 0,
     };
-    run(q, k, v, layout, kpool, vpool, lens, slots, scale)
+    run(q, k, v, layout, kpool, vpool, lens, slots, scale, None)
 }
 
 /// [`launch`] with `q | k | v` read in place from one projection row per token: `qkv`
@@ -134,11 +134,29 @@ pub fn launch_fused<R: CubeRuntime>(
     slots: CubeTensor<R>,
     scale: f32,
 ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
+    launch_fused_kv(qkv, heads, kpool, vpool, lens, slots, scale, None)
+}
+
+/// [`launch_fused`] over plain pools (`kv8` `None`) or an FP8 cache (`Some((k_scale,
+/// v_scale))`): pools `[S, KVH, cap, D/4]` of I32 words holding E4M3 codes
+/// ([`crate::cube::kv8`]), `D` a multiple of 4 that the fused forms take. The step's own K/V are
+/// attended as stored, as every earlier position.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_fused_kv<R: CubeRuntime>(
+    qkv: CubeTensor<R>,
+    heads: usize,
+    kpool: CubeTensor<R>,
+    vpool: CubeTensor<R>,
+    lens: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    scale: f32,
+    kv8: Option<(f32, f32)>,
+) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let x = float_buf(qkv);
     let xs = x.meta.shape().clone();
     let (rows, width) = (xs[0], xs[1]);
     let ps = kpool.meta.shape().clone();
-    let (kvh, hd) = (ps[1], ps[3]);
+    let (kvh, hd) = (ps[1], if kv8.is_some() { 4 * ps[3] } else { ps[3] });
     assert_eq!(
         width,
         (heads + 2 * kvh) * hd,
@@ -162,6 +180,7 @@ pub fn launch_fused<R: CubeRuntime>(
         lens,
         slots,
         scale,
+        kv8,
     )
 }
 
@@ -186,12 +205,16 @@ fn run<R: CubeRuntime>(
     lens: CubeTensor<R>,
     slots: CubeTensor<R>,
     scale: f32,
+    kv8: Option<(f32, f32)>,
 ) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
     let dtype = q.dtype;
+    let fp8 = kv8.is_some();
+    let (k_scale, v_scale) = kv8.unwrap_or((1.0, 1.0));
     for (name, p) in [("K", &kpool), ("V", &vpool)] {
         assert_eq!(
-            p.dtype, dtype,
-            "attention_step: the {name} pool must be in the activation dtype"
+            p.dtype,
+            if fp8 { DType::I32 } else { dtype },
+            "attention_step: the {name} pool must be in the activation dtype (I32 words for FP8)"
         );
         assert!(
             p.is_contiguous(),
@@ -201,7 +224,8 @@ fn run<R: CubeRuntime>(
     let (lens, slots) = (i32_buf(lens), i32_buf(slots));
     let (rows, nh) = (layout.rows, layout.heads);
     let ps = kpool.meta.shape().clone();
-    let (kvh, cap, hd) = (ps[1], ps[2], ps[3]);
+    let (kvh, cap) = (ps[1], ps[2]);
+    let hd = if fp8 { 4 * ps[3] } else { ps[3] };
     let (q_row, kv_row, k_off, v_off) = (
         layout.q_row as u32,
         layout.kv_row as u32,
@@ -212,12 +236,29 @@ fn run<R: CubeRuntime>(
     let part = empty(&q, [rows, nh, chunks, hd + 2], DType::F32);
     let o = empty(&q, [rows, nh, hd], dtype);
     let client = q.client.clone();
-    let form = plan(form(), nh, kvh, hd);
+    // The FP8 cache has no unfused form: a fused one wherever the head dim allows.
+    let asked = match form() {
+        AttnForm::Unfused if fp8 => AttnForm::Split,
+        f => f,
+    };
+    let form = plan(asked, nh, kvh, hd);
+    assert!(
+        !fp8 || (form != AttnForm::Unfused && hd % 4 == 0),
+        "attention_step: an FP8 KV cache needs a head dim that is a multiple of 4 dividing \
+         {SPLIT_UNITS} (got {hd}; see `ops::kv8_fits`)"
+    );
     if form != AttnForm::Unfused {
         macro_rules! split {
             ($t:ty) => {{
+                if fp8 {
+                    split!($t, u32, true)
+                } else {
+                    split!($t, $t, false)
+                }
+            }};
+            ($t:ty, $p:ty, $fp8:expr) => {{
                 if form == AttnForm::Gqa {
-                    attn_gqa_kernel::launch::<$t, R>(
+                    attn_gqa_kernel::launch::<$t, $p, R>(
                         &client,
                         {
                             let (y, z) = yz(rows * chunks);
@@ -241,11 +282,14 @@ fn run<R: CubeRuntime>(
                         kv_row,
                         k_off,
                         v_off,
+                        k_scale,
+                        v_scale,
                         hd,
                         nh / kvh,
+                        $fp8,
                     );
                 } else {
-                    attn_split_kernel::launch::<$t, R>(
+                    attn_split_kernel::launch::<$t, $p, R>(
                         &client,
                         {
                             let (y, z) = yz(rows * chunks);
@@ -269,7 +313,10 @@ fn run<R: CubeRuntime>(
                         kv_row,
                         k_off,
                         v_off,
+                        k_scale,
+                        v_scale,
                         hd,
+                        $fp8,
                     );
                 }
                 attn_merge_kernel::launch::<$t, R>(

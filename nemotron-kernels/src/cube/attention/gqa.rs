@@ -3,6 +3,7 @@
 //! [`super::merge`]).
 
 use super::ATTN_CHUNK;
+use crate::cube::kv8::{kv_read, kv_round, kv_store};
 use cubecl::prelude::*;
 
 /// Units per cube of [`attn_gqa_kernel()`]: two per position of a [`ATTN_CHUNK`] chunk.
@@ -40,17 +41,18 @@ fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool
 /// (its K half-row in registers, the `r` query rows in shared memory), softmax partials by
 /// per-head shared-memory trees, `Σ p·V` with unit `u` on `d = u % hd`. The step's K/V row is
 /// appended by the cube whose chunk holds it and read from `k`/`v` by the scores. `hd` is even and
-/// divides [`GQA_UNITS`].
+/// divides [`GQA_UNITS`]. With `fp8` the pools hold E4M3 codes (`P = u32`, [`crate::cube::kv8`])
+/// scaled by `k_scale` / `v_scale`, and the step's own K/V are read as stored.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn attn_gqa_kernel<F: Float>(
+pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     q: &[F],
     k: &[F],
     v: &[F],
     lens: &[i32],
     slots: &[i32],
-    kpool: &mut [F],
-    vpool: &mut [F],
+    kpool: &mut [P],
+    vpool: &mut [P],
     part: &mut [f32],
     heads: u32,
     kv_heads: u32,
@@ -61,8 +63,11 @@ pub fn attn_gqa_kernel<F: Float>(
     kv_row: u32,
     k_off: u32,
     v_off: u32,
+    k_scale: f32,
+    v_scale: f32,
     #[comptime] hd: usize,
     #[comptime] r: usize,
+    #[comptime] fp8: bool,
 ) {
     let (nh, kvh, cap, chunks) = (
         heads as usize,
@@ -94,9 +99,9 @@ pub fn attn_gqa_kernel<F: Float>(
     let kvb = (s * kvh + g) * cap;
     let newb = b * kv_row as usize + g * hd;
     let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
-    if len < t0 + ATTN_CHUNK && u < hd {
-        kpool[(kvb + len) * hd + u] = k[kb0 + u];
-        vpool[(kvb + len) * hd + u] = v[vb0 + u];
+    if len < t0 + ATTN_CHUNK {
+        kv_store(kpool, (kvb + len) * hd, k, kb0, u, k_scale, hd, fp8);
+        kv_store(vpool, (kvb + len) * hd, v, vb0, u, v_scale, hd, fp8);
     }
     // The group's query rows are contiguous: heads `g·r .. g·r + r` of row `b`.
     let qb = b * q_row as usize + g * r * hd;
@@ -116,13 +121,13 @@ pub fn attn_gqa_kernel<F: Float>(
     if t == len {
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(k[kb0 + d0 + i]);
+            kv[i] = kv_round(f32::cast_from(k[kb0 + d0 + i]), k_scale, fp8);
         }
     } else {
         let kb = (kvb + t) * hd + d0;
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(kpool[kb + i]);
+            kv[i] = kv_read(kpool, kb + i, k_scale, fp8);
         }
     }
     sync_cube();
@@ -194,9 +199,9 @@ pub fn attn_gqa_kernel<F: Float>(
     for i in 0..per {
         let tt = (t0 + j0 + i * parts).min(n - 1);
         vals[i] = if tt == len {
-            f32::cast_from(v[vb0 + dd])
+            kv_round(f32::cast_from(v[vb0 + dd]), v_scale, fp8)
         } else {
-            f32::cast_from(vpool[(kvb + tt) * hd + dd])
+            kv_read(vpool, (kvb + tt) * hd + dd, v_scale, fp8)
         };
     }
     #[unroll]

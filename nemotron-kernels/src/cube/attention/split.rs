@@ -2,6 +2,7 @@
 //! takes the chunk's softmax partials and `Σ p·V` in one launch (then [`super::merge`]).
 
 use super::ATTN_CHUNK;
+use crate::cube::kv8::{kv_read, kv_round, kv_store};
 use cubecl::prelude::*;
 
 /// Context positions per cube of [`attn_split_kernel()`].
@@ -15,16 +16,18 @@ pub const SPLIT_UNITS: usize = 2 * SPLIT_CHUNK;
 /// units. Every loop runs a comptime count with its loads issued before their use, so a chunk
 /// costs a few memory latencies; the position being appended is read from `k`/`v` (the pool
 /// is written by another cube of the same launch). `hd` divides [`SPLIT_UNITS`] and is even.
+/// With `fp8` the pools hold E4M3 codes (`P = u32`, [`crate::cube::kv8`]) scaled by `k_scale` /
+/// `v_scale`, and the step's own K/V are read as stored.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn attn_split_kernel<F: Float>(
+pub fn attn_split_kernel<F: Float, P: Numeric>(
     q: &[F],
     k: &[F],
     v: &[F],
     lens: &[i32],
     slots: &[i32],
-    kpool: &mut [F],
-    vpool: &mut [F],
+    kpool: &mut [P],
+    vpool: &mut [P],
     part: &mut [f32],
     heads: u32,
     kv_heads: u32,
@@ -35,7 +38,10 @@ pub fn attn_split_kernel<F: Float>(
     kv_row: u32,
     k_off: u32,
     v_off: u32,
+    k_scale: f32,
+    v_scale: f32,
     #[comptime] hd: usize,
+    #[comptime] fp8: bool,
 ) {
     let (nh, kvh, cap, chunks) = (
         heads as usize,
@@ -71,9 +77,9 @@ pub fn attn_split_kernel<F: Float>(
     let newb = b * kv_row as usize + g * hd;
     let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
     // The append: the kv group's first head's cube whose chunk holds `len`.
-    if h % r == 0 && len < t0 + SPLIT_CHUNK && u < hd {
-        kpool[(kvb + len) * hd + u] = k[kb0 + u];
-        vpool[(kvb + len) * hd + u] = v[vb0 + u];
+    if h % r == 0 && len < t0 + SPLIT_CHUNK {
+        kv_store(kpool, (kvb + len) * hd, k, kb0, u, k_scale, hd, fp8);
+        kv_store(vpool, (kvb + len) * hd, v, vb0, u, v_scale, hd, fp8);
     }
     // Scores: unit `u` takes position `t0 + u % CHUNK`, half `u / CHUNK` of `d`.
     let half = hd / 2;
@@ -85,13 +91,13 @@ pub fn attn_split_kernel<F: Float>(
     if t == len {
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(k[kb0 + d0 + i]);
+            kv[i] = kv_round(f32::cast_from(k[kb0 + d0 + i]), k_scale, fp8);
         }
     } else {
         let kb = (kvb + t) * hd + d0;
         #[unroll]
         for i in 0..half {
-            kv[i] = f32::cast_from(kpool[kb + i]);
+            kv[i] = kv_read(kpool, kb + i, k_scale, fp8);
         }
     }
     let mut dot = 0.0f32;
@@ -127,9 +133,9 @@ pub fn attn_split_kernel<F: Float>(
     for i in 0..per {
         let tt = (t0 + j0 + i * parts).min(n - 1);
         vals[i] = if tt == len {
-            f32::cast_from(v[vb0 + dd])
+            kv_round(f32::cast_from(v[vb0 + dd]), v_scale, fp8)
         } else {
-            f32::cast_from(vpool[(kvb + tt) * hd + dd])
+            kv_read(vpool, (kvb + tt) * hd + dd, v_scale, fp8)
         };
     }
     let mut acc = 0.0f32;

@@ -45,7 +45,7 @@ use super::super::tensor_core::{
 use super::frag::{e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, Fp8E4m3, TWO_POW_112_BITS};
 use super::grouped::group_in_one_cube;
 use super::plan::{Format, LinearPath, MmaForm};
-use super::{e4m3, e4m3_round, epilogue, store3, Call};
+use super::{e4m3, e4m3_byte, e4m3_round, epilogue, store3, Call};
 use crate::{Fp8Weights, Nvfp4Weights};
 use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
@@ -383,19 +383,6 @@ pub fn nvfp4_mma_kernel<NX: Size, NW: Size>(
         }
         pass += nt * 8;
     }
-}
-
-/// The E4M3 byte of `v`, an exact E4M3 value (already rounded and clamped): normals `sign ·
-/// (e + 7) · 8 + m` from the f32 exponent and top 3 mantissa bits, subnormals `m = |v| · 2^9`.
-#[cube]
-fn e4m3_byte(v: f32) -> u32 {
-    let bits = u32::reinterpret(v);
-    let sign = (bits >> 24u32) & 128u32;
-    let a = v.abs();
-    let normal = ((((bits >> 23u32) & 255u32) - 120u32) << 3u32) | ((bits >> 20u32) & 7u32);
-    let sub = u32::cast_from(a * 512.0f32);
-    let mag = if a < 0.015625f32 { sub } else { normal };
-    sign | mag
 }
 
 /// `xq = e4m3(clamp(x / is, ±448))`, four codes per u32 word (little-endian), for

@@ -193,6 +193,19 @@ pub(crate) fn e4m3_round(v: f32) -> f32 {
     }
 }
 
+/// The E4M3 byte of `v`, an exact E4M3 value (already rounded and clamped): normals `sign ·
+/// (e + 7) · 8 + m` from the f32 exponent and top 3 mantissa bits, subnormals `m = |v| · 2^9`.
+#[cube]
+pub(crate) fn e4m3_byte(v: f32) -> u32 {
+    let bits = u32::reinterpret(v);
+    let sign = (bits >> 24u32) & 128u32;
+    let a = v.abs();
+    let normal = ((((bits >> 23u32) & 255u32) - 120u32) << 3u32) | ((bits >> 20u32) & 7u32);
+    let sub = u32::cast_from(a * 512.0f32);
+    let mag = if a < 0.015625f32 { sub } else { normal };
+    sign | mag
+}
+
 /// Writes output `n` of row `slot`: into `y [R, n_out]`, or when `split` into the part it falls
 /// in — `y [R, a]`, `y1 [R, b − a]`, `y2 [R, n_out − b]` (a linear whose outputs are three
 /// tensors, e.g. Mamba's `in_proj`).
