@@ -63,6 +63,9 @@ struct Args {
     /// The in-process server's prompt piece per step (`serve --prefill-chunk`; 0: no limit).
     #[arg(long, default_value_t = 0)]
     prefill_chunk: usize,
+    /// The in-process server's KV cache (`serve --kv-cache-dtype`): auto | fp8.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
 }
 
 #[derive(Default)]
@@ -110,10 +113,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 || a.prefill_chunk != 0
                 || a.max_batch.is_some()
                 || a.slot_memory.is_some()
+                || a.kv_cache_dtype != "auto"
             {
                 return Err(
-                    "--step-tokens, --prefill-chunk, --max-batch and --slot-memory size the \
-                     in-process server: not with --url (give them to that server's serve)"
+                    "--step-tokens, --prefill-chunk, --max-batch, --slot-memory and \
+                     --kv-cache-dtype size the in-process server: not with --url (give them to \
+                     that server's serve)"
                         .into(),
                 );
             }
@@ -144,6 +149,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             o.context_length = a.context_length;
             o.step_tokens = a.step_tokens;
             o.prefill_chunk = a.prefill_chunk;
+            o.kv_cache = a
+                .kv_cache_dtype
+                .parse()
+                .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
             o.graphs = match a.graphs.as_str() {
                 "on" => true,
                 "off" => false,

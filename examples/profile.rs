@@ -4,11 +4,14 @@
 //! µs). CUDA only (`required-features = ["cuda"]`):
 //!
 //! `ncu --profile-from-start off --metrics gpu__time_duration.sum --csv
-//!  target/release/examples/profile --model DIR [--dtype bf16] [--prompt-len 1024] [--engine
-//!  [--batch 16]] [--mma-min SETTING]`
+//!  target/release/examples/profile (--model DIR | --synthetic lightning) [--dtype bf16]
+//!  [--prompt-len 1024] [--engine [--batch 16]] [--mma-min SETTING] [--kv-cache-dtype fp8]`
 //!
-//! With `--engine` the step is the engine's (`decode_slots` over `--batch` slots, each holding the
-//! same prefilled prompt); without it, the ragged forward's at batch 1. With `--prefill` the
+//! `--synthetic lightning` builds the full-size Lightning checkpoint in memory (`synth
+//! --geometry lightning`'s weights, seed 0) instead of reading one. With `--engine` the step is
+//! the engine's (`decode_slots` over `--batch` slots, each holding the same prefilled prompt, each
+//! row fed its own token so the rows route to different experts as a served batch does); without
+//! it, the ragged forward's at batch 1. With `--prefill` the
 //! profiled range is instead one prefill of `--batch` prompts of `--prompt-len` tokens (the ragged
 //! forward over fresh states, after one warm-up prefill of the same shape): the load and the
 //! warm-up run outside ncu's range, so a 64 × 128 prefill is profiled in a fraction of the time
@@ -25,8 +28,18 @@ use std::time::Instant;
 #[derive(Parser)]
 struct Args {
     /// The checkpoint directory (`synth --geometry lightning` writes the full-size one).
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    model: Option<PathBuf>,
+    /// `lightning`: the full-size Lightning checkpoint built in memory (seed 0) instead.
     #[arg(long)]
-    model: PathBuf,
+    synthetic: Option<String>,
+    /// The slots' KV cache with --engine: auto | fp8.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Prompt tokens before the profiled step.
@@ -84,7 +97,31 @@ fn run(a: &Args) -> Res<()> {
             .and_then(|s| s.apply())
             .map_err(|e| format!("--mma-min {e}"))?;
     }
-    let m = NemotronH::load_as(&a.model, &dev, dtype.burn())?;
+    let kv: nemotron::model::KvCacheDtype = a
+        .kv_cache_dtype
+        .parse()
+        .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+    if kv != nemotron::model::KvCacheDtype::Auto && !a.engine {
+        return Err("--kv-cache-dtype is the engine's slot cache: add --engine".into());
+    }
+    let m = match (&a.model, a.synthetic.as_deref()) {
+        (Some(dir), _) => NemotronH::load_as(dir, &dev, dtype.burn())?,
+        (None, Some("lightning")) => {
+            use nemotron::loader::synth::{build_checkpoint, Geometry, SynthOptions, SynthRecipe};
+            let opts = SynthOptions {
+                recipe: SynthRecipe::LightningMixed,
+                seed: 0,
+                max_shard_bytes: 0,
+                misalign: false,
+            };
+            let ck = build_checkpoint(&Geometry::lightning_30b(), &opts)?;
+            NemotronH::from_checkpoint(ck, &dev, dtype.burn())?
+        }
+        (None, g) => {
+            return Err(format!("--synthetic {g:?}: only `lightning` (or give --model)").into())
+        }
+    }
+    .with_kv_cache(kv)?;
     let v = m.config().vocab_size;
     let prompt: Vec<u32> = (0..a.prompt_len)
         .map(|i| ((i * 7919 + 13) % v) as u32)
@@ -136,7 +173,19 @@ fn step_kernels(m: &NemotronH, dev: &Device, prompt: &[u32], slots: bool, batch:
         TensorData::new((0..batch as i32).collect::<Vec<_>>(), [batch]),
         (dev, BDType::I32),
     );
-    let ids = ids.cast(BDType::I32).repeat_dim(0, batch);
+    // Row `r` feeds its own token (the prompt's next one shifted by `r`), so a batch routes to
+    // many experts as a served one does (one token repeated would send every row to the same).
+    let _ = ids;
+    let v = m.config().vocab_size as i32;
+    let ids = Tensor::<2, Int>::from_data(
+        TensorData::new(
+            (0..batch as i32)
+                .map(|r| (next as i32 + r * 7919) % v)
+                .collect::<Vec<_>>(),
+            [batch, 1],
+        ),
+        (dev, BDType::I32),
+    );
     let step = |st: &mut SlotState| -> Res<Tensor<2>> {
         if slots {
             Ok(m.decode_slots(st, &ids, &slot))

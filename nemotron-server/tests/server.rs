@@ -412,6 +412,42 @@ fn a_server_sized_from_slot_memory_holds_what_fits() {
     );
 }
 
+/// `kv_cache: Fp8` (`serve --kv-cache-dtype fp8`): the slots hold E4M3 codes, so the same
+/// memory budget as above holds more of them — as many as `slot_bytes` under FP8 says, and
+/// `/metrics` reports them — and requests are answered.
+#[test]
+fn a_server_with_an_fp8_kv_cache_fits_more_slots_in_the_same_memory() {
+    use nemotron::model::{KvCacheDtype, SlotMemory};
+    let m = reference().model.clone();
+    let per = m.slot_bytes(256) as u64;
+    let per8 = m.with_kv_cache(KvCacheDtype::Fp8).unwrap().slot_bytes(256) as u64;
+    let budget = 3 * per + per / 2;
+    let want = (budget / per8) as usize;
+    assert!(per8 < per && want > 3, "{per8} vs {per}: {want} slots");
+    let mut o = ServerOptions::new(NAME);
+    o.max_queue = 1;
+    o.context_length = Some(256);
+    o.slot_memory = Some(SlotMemory::Bytes(budget));
+    o.kv_cache = KvCacheDtype::Fp8;
+    let load = || TextModel::load(dir(), &burn::tensor::Device::flex(), DType::F32.burn());
+    let s = Server::start(load, o, "127.0.0.1:0").unwrap();
+    let (code, r) = post(
+        &s,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(code, 200, "{r}");
+    let (_, text) = get(&s, "/metrics");
+    assert!(text.contains(&format!("nemotron_slots {want}\n")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "nemotron_slot_memory_bytes {}\n",
+            want as u64 * per8
+        )),
+        "{text}"
+    );
+}
+
 #[test]
 fn completions_text_and_token_ids_equal_the_library() {
     let s = start(4, 8, 256);

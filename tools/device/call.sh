@@ -35,6 +35,8 @@
 #                the device's allocator holds after each
 #   bmem F       engine decode at batch 256 after 128-token prompts, slots sized from F of the free
 #                memory (bench --slot-memory F), on the in-memory weights
+#   bkv KV       engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
+#                (auto | fp8; bench --kv-cache-dtype), slots from 0.3 of the free memory
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -61,6 +63,8 @@
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level)
+#   ncub B       ncu over one engine step at batch B (each row its own token) after 128-token
+#                prompts, on the in-memory weights (kernel durations, CSV)
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -175,6 +179,10 @@ while [ $# -gt 0 ]; do
         run decode.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 256 --decode 32 --repeats 2 \
           --no-hf --slot-memory "$1"; shift ;;
+    bkv)
+        run decode.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 128 --batch 1,64,256 --decode 32 \
+          --repeats 2 --no-hf --slot-memory 0.3 --kv-cache-dtype "$1"; shift ;;
     p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
@@ -242,6 +250,11 @@ while [ $# -gt 0 ]; do
           $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
           --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
+    ncub) run ncu_bN.csv timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
+          --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+          $B/examples/profile --dtype bf16 --synthetic lightning --prompt-len 128 \
+          --engine --batch "$1"
+        xz -f "$OUT/ncu_bN.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
           --json "$OUT/load.json"
