@@ -57,7 +57,7 @@ impl Default for Settings {
             tiled: TiledKernel::SimpleCmma,
             tiled_f32: true,
             flash: true,
-            flash_mma: false,
+            flash_mma: true,
         }
     }
 }
@@ -122,7 +122,8 @@ impl Settings {
     /// never); `scanssd=N` (a bf16 scan on tensor cores in the chunked matrix form from N prompt
     /// tokens; `max` never); `fuse=on|off` (the decode fusions); `flash=on|off` (prefill attention
     /// in the flash kernels, or composed of Burn ops with the scores in memory); `flashmma=on|off`
-    /// (bf16 prefill attention on the tensor cores where the device has them); `fp8mm=N` (plain FP8 rows
+    /// (bf16 prefill attention on the tensor cores where the device has them, the default; off:
+    /// the SIMT flash kernel); `fp8mm=N` (plain FP8 rows
     /// from which the weights are decoded for cubek's tiled matmul; `max` never); `nvfp4mm=N`
     /// (the same for plain NVFP4 rows); `densemm=N`
     /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's

@@ -20,15 +20,16 @@ type Case = (
 /// [`attention_prefill_matches`] with `flashmma=on`: the tensor-core kernel on a CUDA bf16 arm
 /// for the cases it takes (heads a multiple of 16, query rows of 8-wide vectors; the others run
 /// the SIMT kernel and are counted as fallbacks), elsewhere the SIMT kernel for every case, each
-/// counted as a launch the setting could not take. Process-wide setting.
+/// counted as a launch the setting could not take. Process-wide setting (the default, held under
+/// the attention settings' lock).
 pub fn attention_prefill_mma_matches(arm: &Arm) {
     use nemotron_kernels::cube::plans::attention::{
         flash_mma_fallbacks, flash_mma_launches, set_flash_mma,
     };
+    let _lock = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
     let (fell0, ran0) = (flash_mma_fallbacks(), flash_mma_launches());
     set_flash_mma(true);
-    let r = std::panic::catch_unwind(|| attention_prefill_matches(arm));
-    set_flash_mma(false);
+    let r = std::panic::catch_unwind(|| prefill_cases(arm));
     if let Err(e) = r {
         std::panic::resume_unwind(e);
     }
@@ -49,7 +50,20 @@ pub fn attention_prefill_mma_matches(arm: &Arm) {
     }
 }
 
+/// The SIMT kernel on every arm (`flashmma=off` for the call: bf16 on CUDA would otherwise take
+/// the tensor-core kernel, the default, which [`attention_prefill_mma_matches`] checks).
 pub fn attention_prefill_matches(arm: &Arm) {
+    use nemotron_kernels::cube::plans::attention::set_flash_mma;
+    let _lock = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
+    set_flash_mma(false);
+    let r = std::panic::catch_unwind(|| prefill_cases(arm));
+    set_flash_mma(true);
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
+}
+
+fn prefill_cases(arm: &Arm) {
     let cases: [Case; 6] = [
         // Lightning's heads (16:1), fresh ragged sequences.
         (32, 2, 128, 40, 64, 0, &[(1, 0, 40), (0, 0, 17)]),

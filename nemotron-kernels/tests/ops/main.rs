@@ -25,8 +25,8 @@ mod slots;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::rng::Lcg;
 
-/// Held by every test that sets the process-wide decode attention form, so two of them running
-/// on parallel threads do not switch each other's form mid-comparison.
+/// Held by every test that sets a process-wide attention setting (the decode form, the prefill
+/// kernel), so two of them on parallel threads do not switch each other's mid-comparison.
 pub static ATTN_FORM: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The shared generator; with `bf16` set every value is rounded to bf16, so the device arm's bf16
@@ -684,7 +684,7 @@ fn settings_parse_each_key_into_its_field() {
     );
     assert!(mm.tiled_f32 && !Settings::parse("mmacc=act").unwrap().tiled_f32);
     assert!(d.flash && mm.flash && !Settings::parse("flash=off").unwrap().flash);
-    assert!(!d.flash_mma && Settings::parse("flashmma=on").unwrap().flash_mma);
+    assert!(d.flash_mma && !Settings::parse("flashmma=off").unwrap().flash_mma);
     assert!(Settings::parse("flash=maybe")
         .unwrap_err()
         .contains("flash"));
