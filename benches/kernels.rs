@@ -140,6 +140,18 @@ fn device_time(dev: &Device, op: &mut dyn FnMut(), n: usize, reps: usize) -> (f6
     (median(eager), median(replay))
 }
 
+/// What one captured graph of a row may allocate, counted as launches × the row's bytes: a
+/// launch's outputs and scratch stay reserved for the graph's life, and the decoded path's
+/// 8,192-row rows allocate ≈ 0.4 GB a launch (an f32 output of 337 MB and the decoded weights),
+/// so 50 of them ran an 80 GB H100 out of memory (PERF §32).
+const LAUNCH_BYTES: f64 = 4.0e9;
+
+/// Launches per timing of a row of `bytes`: `n`, or as many as [`LAUNCH_BYTES`] allows (at
+/// least 3, so a median still has something to take).
+fn launches_for(bytes: f64, n: usize) -> usize {
+    ((LAUNCH_BYTES / bytes.max(1.0)) as usize).clamp(3, n)
+}
+
 /// The device-timed kernel table at the Lightning shapes.
 fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     let (n, reps) = (50, a.repeats);
@@ -158,10 +170,12 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     let (ce, cr) = device_time(dev, &mut || drop(big.clone() + 1.0), 10, reps);
     let ceiling = 2.0 * (1u64 << 30) as f64 / ce.min(cr);
     println!(
-        "kernel table ({}, activations {}; µs per op call; eager = {n} launches between two syncs, \
-         replay = the same {n} launches as one captured graph; median of {reps})",
+        "kernel table ({}, activations {}; µs per op call; eager = {n} launches between two syncs \
+         (fewer for rows past {} MB, see launches_for), replay = the same launches as one \
+         captured graph; median of {reps})",
         a.backend,
-        dtype_name(dtype)
+        dtype_name(dtype),
+        LAUNCH_BYTES / (n as f64 * 1e6)
     );
     println!(
         "copy ceiling measured here: {:.0} GB/s (1 GiB read + written; eager {:.1} µs, replay {:.1} µs)",
@@ -660,7 +674,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         None => true,
     };
     for mut r in rows.into_iter().filter(|r| wanted(&r.name)) {
-        let (e, g) = device_time(dev, &mut r.op, n, reps);
+        let (e, g) = device_time(dev, &mut r.op, launches_for(r.bytes, n), reps);
         let t = g.min(e);
         println!(
             "{:<44} {:>10.2} {:>10.2} {:>11.0} {:>9.1} {:>7.1}% {:>10}",
