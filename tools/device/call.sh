@@ -65,6 +65,8 @@
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level)
 #   ncub B       ncu over one engine step at batch B (each row its own token) after 128-token
 #                prompts, on the in-memory weights (kernel durations, CSV)
+#   loadc C,ST,PC  load at C clients with the server's step budget ST and prompt pieces of PC
+#                (loadtest --step-tokens ST --prefill-chunk PC)
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -259,6 +261,11 @@ while [ $# -gt 0 ]; do
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
           --json "$OUT/load.json"
         shift ;;
+    loadc)
+        IFS=',' read -r cl st pc <<<"$1"; shift
+        bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
+          --context-length 1024 --clients "$cl" --requests 2 --prompt-len 128 --max-tokens 64 \
+          --step-tokens "$st" --prefill-chunk "$pc" --json "$OUT/load_chunked.json" ;;
     ncud) bench ncu_detail.txt timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
           --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \
