@@ -411,13 +411,7 @@ fn attention_step_qkv<F: HostPrimitive, I: HostPrimitive>(
     let (mut kp, pshape) = kpool.floats();
     let mut vp = vpool.floats().0;
     let (kvh, hd) = (pshape[1], pshape[3]);
-    let (qw, kw) = (heads * hd, kvh * hd);
-    let part = |from: usize, len: usize| -> Vec<f32> {
-        x.chunks(shape[1])
-            .flat_map(|r| r[from..from + len].iter().copied())
-            .collect()
-    };
-    let (q, k, v) = (part(0, qw), part(qw, kw), part(qw + kw, kw));
+    let (q, k, v) = split_qkv(&x, shape[1], heads * hd, kvh * hd);
     let o = reference::attention_step(
         &q,
         &k,
@@ -493,6 +487,16 @@ fn attention_step<F: HostPrimitive, I: HostPrimitive>(
     )
 }
 
+/// Rows of `width` values `q | k | v` (`qw`, `kw`, `kw` wide) as the three parts, each row-major.
+fn split_qkv(x: &[f32], width: usize, qw: usize, kw: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let part = |from: usize, len: usize| -> Vec<f32> {
+        x.chunks(width)
+            .flat_map(|r| r[from..from + len].iter().copied())
+            .collect()
+    };
+    (part(0, qw), part(qw, kw), part(qw + kw, kw))
+}
+
 /// I32 words of `shape` from codes in element order.
 fn words<I: HostPrimitive>(codes: &[u8], shape: Vec<usize>) -> I {
     I::from_data(TensorData::new(crate::bytes_to_words(codes), shape))
@@ -515,13 +519,7 @@ fn attention_step_qkv8<F: HostPrimitive, I: HostPrimitive>(
     let pshape = kpool.dims();
     let (kvh, cap, hd) = (pshape[1], pshape[2], 4 * pshape[3]);
     let (mut kc, mut vc) = (kpool.bytes().into_owned(), vpool.bytes().into_owned());
-    let (qw, kw) = (heads * hd, kvh * hd);
-    let part = |from: usize, len: usize| -> Vec<f32> {
-        x.chunks(shape[1])
-            .flat_map(|r| r[from..from + len].iter().copied())
-            .collect()
-    };
-    let (q, k, v) = (part(0, qw), part(qw, kw), part(qw + kw, kw));
+    let (q, k, v) = split_qkv(&x, shape[1], heads * hd, kvh * hd);
     let o = reference::attention_step_kv8(
         &q,
         &k,

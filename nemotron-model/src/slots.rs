@@ -82,8 +82,7 @@ impl NemotronH {
                 context: st.capacity,
             });
         }
-        for ((pools, state), block) in st.layers.iter_mut().zip(&seq.layers).zip(self.layers()) {
-            let mixer = block.mixer();
+        for (l, (pools, state)) in st.layers.iter_mut().zip(&seq.layers).enumerate() {
             match (pools, state) {
                 (SlotLayer::Mamba { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
                     *conv = ops::write_slot(
@@ -100,14 +99,7 @@ impl NemotronH {
                         *v = ops::write_slot(v.clone(), vs, slot);
                     }
                 }
-                (SlotLayer::Attention8 { k, v }, st) => {
-                    if let (Some((ks, vs)), Mixer::Attention(a)) = (Attention::prefix(st), mixer) {
-                        let one = slot_ids(self, &[slot as i32]);
-                        let (sk, sv) = a.kv8_scales();
-                        *k = ops::write_slots8(k.clone(), ks.unsqueeze_dim(0), &one, sk);
-                        *v = ops::write_slots8(v.clone(), vs.unsqueeze_dim(0), &one, sv);
-                    }
-                }
+                (SlotLayer::Attention8 { k, v }, st) => self.load_kv8(l, k, v, st, slot)?,
                 (SlotLayer::Stateless, LayerState::Stateless) => {}
                 (p, s) => {
                     return Err(ModelError::Input(format!(
@@ -209,34 +201,14 @@ impl NemotronH {
                         }
                     }
                 }
-                (SlotLayer::Attention8 { k, v }, kept) => {
-                    let Mixer::Attention(a) = self.layers()[l].mixer() else {
-                        return Err(ModelError::Input(format!(
-                            "layer {l}: an FP8 KV cache where the layer is not attention"
-                        )));
-                    };
-                    let (sk, sv) = a.kv8_scales();
-                    match kept {
-                        Some(BatchLayer::Attention { k: kb, v: vb }) => {
-                            *k = ops::write_slots8(k.clone(), kb, &slot_t, sk);
-                            *v = ops::write_slots8(v.clone(), vb, &slot_t, sv);
-                        }
-                        None => {
-                            for (seq, &slot) in states.iter().zip(slots) {
-                                if let Some((ks, vs)) = Attention::prefix(&seq.layers[l]) {
-                                    let one = slot_ids(self, &[slot as i32]);
-                                    *k =
-                                        ops::write_slots8(k.clone(), ks.unsqueeze_dim(0), &one, sk);
-                                    *v =
-                                        ops::write_slots8(v.clone(), vs.unsqueeze_dim(0), &one, sv);
-                                }
-                            }
-                        }
-                        Some(other) => {
-                            return Err(ModelError::Input(format!(
-                                "layer {l}: a batch state {other:?} does not fit an FP8 KV cache"
-                            )))
-                        }
+                (SlotLayer::Attention8 { k, v }, Some(BatchLayer::Attention { k: kb, v: vb })) => {
+                    let (sk, sv) = self.kv8_scales(l)?;
+                    *k = ops::write_slots8(k.clone(), kb, &slot_t, sk);
+                    *v = ops::write_slots8(v.clone(), vb, &slot_t, sv);
+                }
+                (SlotLayer::Attention8 { k, v }, None) => {
+                    for (seq, &slot) in states.iter().zip(slots) {
+                        self.load_kv8(l, k, v, &seq.layers[l], slot)?;
                     }
                 }
                 (SlotLayer::Stateless, Some(BatchLayer::Stateless)) => {}
@@ -292,14 +264,38 @@ impl NemotronH {
         st.lens = ops::advance_lens(st.lens.clone(), slots);
         self.lm_head().forward(h, Epilogue::None)
     }
-}
 
-/// `ids` as an I32 tensor on the model's device (slot indices for the slot writes).
-fn slot_ids(m: &NemotronH, ids: &[i32]) -> Tensor<1, Int> {
-    Tensor::from_data(
-        TensorData::new(ids.to_vec(), [ids.len()]),
-        (m.device(), DType::I32),
-    )
+    /// Layer `l`'s FP8 KV-cache scales (an FP8 pool on a layer that is not attention is refused).
+    fn kv8_scales(&self, l: usize) -> Result<(f32, f32), ModelError> {
+        match self.layers()[l].mixer() {
+            Mixer::Attention(a) => Ok(a.kv8_scales()),
+            _ => Err(ModelError::Input(format!(
+                "layer {l}: an FP8 KV cache where the layer is not attention"
+            ))),
+        }
+    }
+
+    /// A prefilled sequence's keys and values of layer `l` (`state`, if it holds any) into
+    /// slot `slot` of that layer's FP8 pools.
+    fn load_kv8(
+        &self,
+        l: usize,
+        k: &mut Tensor<4, Int>,
+        v: &mut Tensor<4, Int>,
+        state: &LayerState,
+        slot: usize,
+    ) -> Result<(), ModelError> {
+        let (sk, sv) = self.kv8_scales(l)?;
+        if let Some((ks, vs)) = Attention::prefix(state) {
+            let one = Tensor::<1, Int>::from_data(
+                TensorData::new(vec![slot as i32], [1]),
+                (self.device(), DType::I32),
+            );
+            *k = ops::write_slots8(k.clone(), ks.unsqueeze_dim(0), &one, sk);
+            *v = ops::write_slots8(v.clone(), vs.unsqueeze_dim(0), &one, sv);
+        }
+        Ok(())
+    }
 }
 
 /// A prefilled conv state `[C, K-1]` (oldest first, the inputs of times `len − K + 1 … len − 1`)

@@ -342,7 +342,7 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         slots: T<R>,
         scale: f32,
     ) -> (T<R>, T<R>, T<R>) {
-        attention::decode::launch_fused(qkv, heads, kpool, vpool, lens, slots, scale)
+        attention::decode::launch_fused(qkv, heads, kpool, vpool, lens, slots, scale, None)
     }
 
     fn attention_step_qkv8(
@@ -355,7 +355,7 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         scale: f32,
         kv_scales: (f32, f32),
     ) -> (T<R>, T<R>, T<R>) {
-        attention::decode::launch_fused_kv(
+        attention::decode::launch_fused(
             qkv,
             heads,
             kpool,

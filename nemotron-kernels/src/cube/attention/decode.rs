@@ -123,26 +123,13 @@ pub fn launch<R: CubeRuntime>(
 }
 
 /// [`launch`] with `q | k | v` read in place from one projection row per token: `qkv`
-/// `[B, (NH + 2·KVH)·D]` (no slicing copies, one projection launch instead of three).
+/// `[B, (NH + 2·KVH)·D]` (no slicing copies, one projection launch instead of three). Over
+/// plain pools (`kv8` `None`) or an FP8 cache (`Some((k_scale, v_scale))`): pools
+/// `[S, KVH, cap, D/4]` of I32 words holding E4M3 codes ([`crate::cube::kv8`]), `D` a multiple of
+/// 4 that the fused forms take; the step's own K/V are attended as stored, as every earlier
+/// position.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_fused<R: CubeRuntime>(
-    qkv: CubeTensor<R>,
-    heads: usize,
-    kpool: CubeTensor<R>,
-    vpool: CubeTensor<R>,
-    lens: CubeTensor<R>,
-    slots: CubeTensor<R>,
-    scale: f32,
-) -> (CubeTensor<R>, CubeTensor<R>, CubeTensor<R>) {
-    launch_fused_kv(qkv, heads, kpool, vpool, lens, slots, scale, None)
-}
-
-/// [`launch_fused`] over plain pools (`kv8` `None`) or an FP8 cache (`Some((k_scale,
-/// v_scale))`): pools `[S, KVH, cap, D/4]` of I32 words holding E4M3 codes
-/// ([`crate::cube::kv8`]), `D` a multiple of 4 that the fused forms take. The step's own K/V are
-/// attended as stored, as every earlier position.
-#[allow(clippy::too_many_arguments)]
-pub fn launch_fused_kv<R: CubeRuntime>(
     qkv: CubeTensor<R>,
     heads: usize,
     kpool: CubeTensor<R>,
