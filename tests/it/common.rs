@@ -225,11 +225,16 @@ pub fn compare(m: &NemotronH, r: &Reference) -> (f32, f32, f32) {
 /// The `parity` example built next to the test binary (`target/<profile>/examples/parity`);
 /// fails, naming the path, where the examples were not built.
 pub fn parity_example() -> PathBuf {
+    example("parity")
+}
+
+/// The built example `name` (`cargo test` builds the examples beside the test binaries).
+pub fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("examples/parity"))
+        .map(|dir| dir.join("examples").join(name))
         .unwrap();
     assert!(
         bin.exists(),

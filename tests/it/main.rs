@@ -13,4 +13,5 @@ mod generation;
 mod hf_parity;
 mod imports;
 mod kv8;
+mod loadtest;
 mod slots;

@@ -67,6 +67,10 @@
 #                prompts, on the in-memory weights (kernel durations, CSV)
 #   loadc C,ST,PC  load at C clients with the server's step budget ST and prompt pieces of PC
 #                (loadtest --step-tokens ST --prefill-chunk PC)
+#   mixed C,N,ST,PC  the mixed load: C streaming clients (128-token prompts, 256 out, 3 requests
+#                each) while one N-token prompt arrives, under the step budget ST and pieces of PC
+#                (loadtest --long-prompt N --step-tokens ST --prefill-chunk PC; 0,0: whole); the
+#                streams' inter-token gaps before, during and after its admission
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -252,11 +256,11 @@ while [ $# -gt 0 ]; do
           $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
           --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
-    ncub) run ncu_bN.csv timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
+    ncub) run "ncu_b$1.csv" timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
           $B/examples/profile --dtype bf16 --synthetic lightning --prompt-len 128 \
           --engine --batch "$1"
-        xz -f "$OUT/ncu_bN.csv"; shift ;;
+        xz -f "$OUT/ncu_b$1.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
           --json "$OUT/load.json"
@@ -266,6 +270,12 @@ while [ $# -gt 0 ]; do
         bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$cl" --requests 2 --prompt-len 128 --max-tokens 64 \
           --step-tokens "$st" --prefill-chunk "$pc" --json "$OUT/load_chunked.json" ;;
+    mixed)
+        IFS=',' read -r cl n st pc <<<"$1"; shift
+        bench mixed.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
+          --context-length $((n + 1024)) --clients "$cl" --requests 3 --prompt-len 128 \
+          --max-tokens 256 --long-prompt "$n" --step-tokens "$st" --prefill-chunk "$pc" \
+          --json "$OUT/mixed_${st}_${pc}.json" ;;
     ncud) bench ncu_detail.txt timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
           --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \

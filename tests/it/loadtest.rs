@@ -1,0 +1,65 @@
+//! The `loadtest` example's mixed load (issue 26): one long prompt sent into running streams, the
+//! streams' inter-token gaps split into before / during / after its admission.
+
+use crate::common::example;
+use serde_json::Value;
+
+#[test]
+fn loadtest_splits_the_streams_gaps_around_a_long_prompt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("mixed.json");
+    let (clients, requests, max_tokens) = (2usize, 3usize, 24usize);
+    let o = std::process::Command::new(example("loadtest"))
+        .args(["--clients", &clients.to_string()])
+        .args(["--requests", &requests.to_string()])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args([
+            "--prompt-len",
+            "16",
+            "--long-prompt",
+            "200",
+            "--long-max-tokens",
+            "4",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("Mixed load: one 200-token prompt"), "{out}");
+    let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let m = &rows[0]["mixed"];
+    assert!(m["long_error"].is_null(), "{m}");
+    assert!(m["long_ttft_ms"].as_f64().unwrap() > 0.0, "{m}");
+    let gaps = |ph: &str| m["phases"][ph]["gaps"].as_u64().unwrap() as usize;
+    // Every stream gap lands in exactly one phase: each request streams max_tokens tokens, so
+    // max_tokens - 1 gaps.
+    assert_eq!(
+        gaps("before") + gaps("during") + gaps("after"),
+        clients * requests * (max_tokens - 1),
+        "{m}"
+    );
+    // The long request is sent once 8 tokens per client have streamed, and the streams run on
+    // through its admission and past it (3 requests of 24 tokens each).
+    assert!(gaps("before") >= 1, "{m}");
+    assert!(gaps("during") >= 1, "{m}");
+    assert!(gaps("after") >= 1, "{m}");
+}
+
+#[test]
+fn loadtest_refuses_long_options_without_a_long_prompt() {
+    let o = std::process::Command::new(example("loadtest"))
+        .args(["--clients", "1", "--requests", "1", "--long-after", "5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--long-prompt"),
+        "{err}"
+    );
+}
