@@ -572,6 +572,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             norm_topk_prob: true,
             routed_scaling_factor: 2.5,
             weights_from_biased: false,
+            fixed: 0,
         };
         // Decode attention (batch 1, 32 q heads over 2 kv heads, head 128) at 1K and 8K of
         // context: append, scores, chunk partials, merge.

@@ -112,6 +112,10 @@ struct Args {
     /// checkpoint's k_scale/v_scale: half the KV bytes of bf16)
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
+    /// with the routed experts: one launch per projection; `BuildOptions::shared_expert`).
+    #[arg(long, default_value = "apart")]
+    shared_expert: String,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -172,6 +176,12 @@ fn load(
     dev: &Device,
     dtype: BDType,
 ) -> Res<(NemotronH, PathBuf, String, Option<tempfile::TempDir>)> {
+    let build = nemotron::model::BuildOptions {
+        shared_expert: a
+            .shared_expert
+            .parse()
+            .map_err(|e| format!("--shared-expert {e}"))?,
+    };
     if let Some(g) = &a.synthetic {
         let geom = geometry(g)?;
         let recipe = SynthRecipe::parse(&a.recipe)
@@ -196,7 +206,7 @@ fn load(
             o.remove("quantization_config");
         }
         std::fs::write(cfg_dir.path().join("config.json"), cfg.to_string())?;
-        let m = NemotronH::from_checkpoint(ck, dev, dtype)?;
+        let m = NemotronH::from_checkpoint_with(ck, dev, dtype, build)?;
         let p = cfg_dir.path().to_path_buf();
         return Ok((
             m,
@@ -226,7 +236,12 @@ fn load(
             (p, format!("synthetic {} (BF16)", a.geometry), Some(t))
         }
     };
-    Ok((NemotronH::load_as(&dir, dev, dtype)?, dir, label, tmp))
+    Ok((
+        NemotronH::load_with(&dir, dev, dtype, build)?,
+        dir,
+        label,
+        tmp,
+    ))
 }
 
 fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
@@ -265,9 +280,10 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         dtype_name(m.dtype())
     );
     println!(
-        "model: {label}, {} layers ({})",
+        "model: {label}, {} layers ({}), shared expert {}",
         m.layers().len(),
-        m.config().pattern()
+        m.config().pattern(),
+        a.shared_expert
     );
     println!(
         "load: {load:.1} s; checkpoint bytes held {} ({:.2} GiB)",

@@ -40,6 +40,9 @@ struct Args {
     /// The slots' KV cache with --engine: auto | fp8.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// How each MoE layer runs its shared expert: apart | fold (`bench --shared-expert`).
+    #[arg(long, default_value = "apart")]
+    shared_expert: String,
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Prompt tokens before the profiled step.
@@ -104,8 +107,14 @@ fn run(a: &Args) -> Res<()> {
     if kv != nemotron::model::KvCacheDtype::Auto && !a.engine {
         return Err("--kv-cache-dtype is the engine's slot cache: add --engine".into());
     }
+    let build = nemotron::model::BuildOptions {
+        shared_expert: a
+            .shared_expert
+            .parse()
+            .map_err(|e| format!("--shared-expert {e}"))?,
+    };
     let m = match (&a.model, a.synthetic.as_deref()) {
-        (Some(dir), _) => NemotronH::load_as(dir, &dev, dtype.burn())?,
+        (Some(dir), _) => NemotronH::load_with(dir, &dev, dtype.burn(), build)?,
         (None, Some("lightning")) => {
             use nemotron::loader::synth::{build_checkpoint, Geometry, SynthOptions, SynthRecipe};
             let opts = SynthOptions {
@@ -115,7 +124,7 @@ fn run(a: &Args) -> Res<()> {
                 misalign: false,
             };
             let ck = build_checkpoint(&Geometry::lightning_30b(), &opts)?;
-            NemotronH::from_checkpoint(ck, &dev, dtype.burn())?
+            NemotronH::from_checkpoint_with(ck, &dev, dtype.burn(), build)?
         }
         (None, g) => {
             return Err(format!("--synthetic {g:?}: only `lightning` (or give --model)").into())

@@ -256,7 +256,7 @@ fn moe_combine<F: HostPrimitive>(y: F, w: F, shared: Option<F>) -> F {
 fn moe_route<F: HostPrimitive, I: HostPrimitive>(logits: F, bias: F, c: RouteConfig) -> (I, F) {
     let (l, shape) = logits.floats();
     let (idx, w) = reference::moe_route(&l, &bias.floats().0, &c);
-    let shape = vec![shape[0], c.top_k];
+    let shape = vec![shape[0], c.top_k + c.fixed];
     (
         I::from_data(TensorData::new(idx, shape.clone())),
         from_floats(w, shape),

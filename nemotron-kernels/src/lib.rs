@@ -165,6 +165,9 @@ pub struct RouteConfig {
     pub routed_scaling_factor: f32,
     /// Deliberately wrong (tests only): weight by the biased scores.
     pub weights_from_biased: bool,
+    /// Slots appended to each token's `top_k`, taking the experts past the router's `E, E+1, …`
+    /// with weight 1 (a shared expert stacked with the routed ones): `[N, top_k + fixed]` out.
+    pub fixed: usize,
 }
 
 /// A selection score far below any real one (finite: WGSL has no infinity literal).
@@ -300,7 +303,8 @@ pub trait NemotronOps: Backend {
     /// `s = sigmoid(logits)`; experts are chosen by `s + bias` — with groups, only among the
     /// `topk_group` groups whose two best biased scores sum highest — and weighted by `s`
     /// (renormalized over the chosen when `norm_topk_prob`), times `routed_scaling_factor`.
-    /// Returns `(indices [N, k] I32, weights [N, k] f32)`, both on the device.
+    /// Then `fixed` slots per token take experts `E, E+1, …` with weight 1. Returns
+    /// `(indices [N, k + fixed] I32, weights [N, k + fixed] f32)`, both on the device.
     fn moe_route(
         logits: FloatTensor<Self>,
         bias: FloatTensor<Self>,

@@ -408,7 +408,8 @@ pub fn moe_combine(y: Tensor<2>, w: Tensor<2>, shared: Option<Tensor<2>>) -> Ten
     ))
 }
 
-/// MoE routing (see [`NemotronOps::moe_route`]): `(indices [N, k], weights [N, k] f32)`.
+/// MoE routing (see [`NemotronOps::moe_route`]): `(indices [N, k + fixed], weights [N, k + fixed]
+/// f32)`.
 pub fn moe_route(
     logits: Tensor<2>,
     bias: Tensor<1>,

@@ -398,6 +398,8 @@ pub fn moe_route(logits: &[f32], bias: &[f32], c: &RouteConfig) -> (Vec<i32>, Ve
         }
         idx.extend(chosen.iter().map(|&i| i as i32));
         wts.extend(w.iter().map(|v| v * c.routed_scaling_factor));
+        idx.extend((0..c.fixed).map(|j| (e + j) as i32));
+        wts.extend(std::iter::repeat_n(1.0, c.fixed));
     }
     (idx, wts)
 }

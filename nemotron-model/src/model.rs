@@ -3,6 +3,7 @@
 use crate::cache::{BatchLayer, KvCacheDtype, SequenceState};
 use crate::error::ModelError;
 use crate::layers::block::{Block, Mixer};
+use crate::layers::fold::{fold_refusal, SharedExpert};
 use crate::layers::linear::Linear;
 use crate::layers::moe::MoeOut;
 use crate::layers::norm::RmsNorm;
@@ -10,8 +11,16 @@ use crate::util::float;
 use crate::Deviations;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron_kernels::{ops, Epilogue};
-use nemotron_loader::{Checkpoint, LoadReport, NemotronHConfig};
+use nemotron_loader::{Checkpoint, LoadReport, MixerWeights, NemotronHConfig};
 use std::path::Path;
+
+/// Weight layouts chosen when the model is built (they change which kernels run, not the model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BuildOptions {
+    /// How each MoE layer runs its shared expert (apart by default; `Fold` is refused, naming the
+    /// layer, where a shared expert cannot join its routed stack).
+    pub shared_expert: SharedExpert,
+}
 
 /// A NemotronH causal LM on one device, with one activation dtype.
 #[derive(Debug, Clone)]
@@ -54,7 +63,33 @@ impl NemotronH {
         device: &Device,
         dtype: DType,
     ) -> Result<Self, ModelError> {
-        Self::build(ck, device, dtype, &Deviations::default())
+        Self::build(
+            ck,
+            device,
+            dtype,
+            &Deviations::default(),
+            BuildOptions::default(),
+        )
+    }
+
+    /// [`Self::from_checkpoint`] with the weight layouts `opts` chooses.
+    pub fn from_checkpoint_with(
+        ck: Checkpoint,
+        device: &Device,
+        dtype: DType,
+        opts: BuildOptions,
+    ) -> Result<Self, ModelError> {
+        Self::build(ck, device, dtype, &Deviations::default(), opts)
+    }
+
+    /// [`Self::load_as`] with the weight layouts `opts` chooses.
+    pub fn load_with(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        dtype: DType,
+        opts: BuildOptions,
+    ) -> Result<Self, ModelError> {
+        Self::from_checkpoint_with(Checkpoint::load(dir)?, device, dtype, opts)
     }
 
     /// Loads with deliberate deviations (tests only: they make the model wrong on purpose).
@@ -65,7 +100,25 @@ impl NemotronH {
         dtype: DType,
         d: Deviations,
     ) -> Result<Self, ModelError> {
-        Self::build(Checkpoint::load(dir)?, device, dtype, &d)
+        Self::build(
+            Checkpoint::load(dir)?,
+            device,
+            dtype,
+            &d,
+            BuildOptions::default(),
+        )
+    }
+
+    /// [`Self::load_with_deviations`] with build options (tests only).
+    #[doc(hidden)]
+    pub fn load_with_deviations_and(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        dtype: DType,
+        d: Deviations,
+        opts: BuildOptions,
+    ) -> Result<Self, ModelError> {
+        Self::build(Checkpoint::load(dir)?, device, dtype, &d, opts)
     }
 
     fn build(
@@ -73,6 +126,7 @@ impl NemotronH {
         dev: &Device,
         dtype: DType,
         dv: &Deviations,
+        opts: BuildOptions,
     ) -> Result<Self, ModelError> {
         if !ACTIVATION_DTYPES.contains(&dtype) {
             return Err(ModelError::Unsupported {
@@ -92,6 +146,20 @@ impl NemotronH {
             report,
             ..
         } = ck;
+        if opts.shared_expert == SharedExpert::Fold {
+            for (i, l) in weights.layers.iter().enumerate() {
+                if let MixerWeights::Moe(m) = &l.mixer {
+                    if let Some(reason) = fold_refusal(m) {
+                        return Err(ModelError::Unsupported {
+                            tensor: format!("backbone.layers.{i}.mixer.shared_experts"),
+                            reason: format!(
+                                "folding the shared expert into the routed stack: {reason}"
+                            ),
+                        });
+                    }
+                }
+            }
+        }
         let embeddings = float::<2>(&weights.embeddings, dev, dtype);
         let norm_f = RmsNorm {
             weight: float(&weights.norm_f, dev, dtype),
@@ -104,7 +172,7 @@ impl NemotronH {
         let layers = weights
             .layers
             .into_iter()
-            .map(|lw| Block::from_weights(lw, &cfg, dev, dtype, dv))
+            .map(|lw| Block::from_weights(lw, &cfg, dev, dtype, dv, opts.shared_expert))
             .collect();
         Ok(NemotronH {
             config: cfg,

@@ -1,6 +1,6 @@
 //! Shared helpers for the model tests.
 
-use burn::tensor::{DType, Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use nemotron::loader::synth::{write_checkpoint, Geometry, SynthOptions, SynthRecipe};
 use nemotron::model::NemotronH;
 use safetensors::SafeTensors;
@@ -242,4 +242,23 @@ pub fn example(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Teacher-forced decode rows through one slot: row 0 after the prompt (prefilled into the
+/// slot), row `i` after feeding `decode_ids[i − 1]` through `decode_slots`.
+pub fn slot_decode(m: &NemotronH, r: &Reference) -> Vec<f32> {
+    let n = r.decode_ids.len();
+    let dev = m.device().clone();
+    let mut st = m.new_slots(1, r.prompt.len() + n).unwrap();
+    let mut dec = rows(m.prefill_slots(&mut st, &[&r.prompt], &[0]).unwrap());
+    let slot = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), (&dev, DType::I32));
+    for &id in &r.decode_ids[..n - 1] {
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new(vec![id as i32], [1, 1]),
+            (&dev, DType::I32),
+        );
+        dec.extend(rows(m.decode_slots(&mut st, &ids, &slot)));
+        st.note_step(&[0]);
+    }
+    dec
 }

@@ -16,30 +16,11 @@
 //! seen red with the host reference's `kv8_value` broken so).
 
 use crate::common::*;
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device};
 use nemotron::model::{Deviations, KvCacheDtype, NemotronH};
 
 /// FP8 cache band, relative to the logit scale (see the module note).
 const KV8_BAND: f32 = 2.5e-2;
-
-/// Teacher-forced decode rows through one slot: row 0 after the prompt (prefilled into the
-/// slot), row `i` after feeding `decode_ids[i − 1]` through `decode_slots`.
-fn slot_decode(m: &NemotronH, r: &Reference) -> Vec<f32> {
-    let n = r.decode_ids.len();
-    let dev = m.device().clone();
-    let mut st = m.new_slots(1, r.prompt.len() + n).unwrap();
-    let mut dec = rows(m.prefill_slots(&mut st, &[&r.prompt], &[0]).unwrap());
-    let slot = Tensor::<1, Int>::from_data(TensorData::new(vec![0i32], [1]), (&dev, DType::I32));
-    for &id in &r.decode_ids[..n - 1] {
-        let ids = Tensor::<2, Int>::from_data(
-            TensorData::new(vec![id as i32], [1, 1]),
-            (&dev, DType::I32),
-        );
-        dec.extend(rows(m.decode_slots(&mut st, &ids, &slot)));
-        st.note_step(&[0]);
-    }
-    dec
-}
 
 /// (decode max |Δ| with the plain cache, with the FP8 cache, logit scale) on `dev`.
 fn measure(dev: &Device, name: &str, suffix: &str, d: Deviations) -> (f32, f32, f32) {

@@ -9,6 +9,7 @@ mod consistency;
 mod decode_graph;
 mod device_parity;
 mod engine;
+mod fold;
 mod generation;
 mod hf_parity;
 mod imports;

@@ -71,6 +71,8 @@
 #                each) while one N-token prompt arrives, under the step budget ST and pieces of PC
 #                (loadtest --long-prompt N --step-tokens ST --prefill-chunk PC; 0,0: whole); the
 #                streams' inter-token gaps before, during and after its admission
+#   bargs ARGS   extra arguments for every later bench and profile step of the call (one word
+#                list, e.g. "--shared-expert fold"; "" clears them)
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -81,6 +83,7 @@ B=.device/release
 # The CUDA tests of the root crate's one test binary (deps/it), by module.
 IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8::"
 LT=/tmp/lt
+BX=
 wait_lt() { if [ -n "${SYNTH_PID:-}" ]; then wait "$SYNTH_PID"; SYNTH_PID=; fi; }
 run() { # log-file command...
   local log=$1; shift
@@ -96,6 +99,7 @@ while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     unpack) bash tools/device/unpack.sh ;;
+    bargs) BX=$1; shift ;;
     synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text ;;
     synth-bg)
       ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text >"$OUT/synth.log" 2>&1 ) &
@@ -115,114 +119,114 @@ while [ $# -gt 0 ]; do
       run tests_env.log env "$1" $B/deps/it --ignored --test-threads 1 $IT
       grep -E "^test result|FAILED|panicked" "$OUT/tests_env.log" | tail -n 20
       shift ;;
-    b1) bench engine_b1.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    b1) bench engine_b1.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 1 --no-hf --mma-min "$1"
         shift ;;
-    bN) bench engine_bN.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    bN) bench engine_bN.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 64 --repeats 1 --no-hf --mma-min "$1"
         shift ;;
-    pf) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    pf) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
     ops)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests.log $B/deps/ops --ignored --test-threads 1 "${filt[@]}"
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
-    pall) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    pall) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024 --batch 1,16,64 --decode 64 --repeats 2 --no-hf ;;
-    pf3) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    pf3) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
-    p1) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    p1) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 --no-hf ;;
     pcmp)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 1024 --batch 1,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     p8)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     pNcmp)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     pBcmp)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+        bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
     pBs)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 \
           --no-hf "${margs[@]}" ;;
     p1s)
         IFS=';' read -r -a sets <<<"$1"; shift
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run prefill1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 \
           --no-hf "${margs[@]}" ;;
     pch)
         IFS=',' read -r st pc <<<"$1"; shift
-        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run prefill1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 8192 --batch 1 --decode 8 --repeats 2 \
           --no-hf --step-tokens "$st" --prefill-chunk "$pc" ;;
     plong)
         IFS=',' read -r st pc <<<"$1"; shift
-        run prefill1.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run prefill1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 32768,131072 --batch 1 --decode 8 \
           --repeats 1 --no-hf --step-tokens "$st" --prefill-chunk "$pc" ;;
     bmem)
-        run decode.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run decode.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 256 --decode 32 --repeats 2 \
           --no-hf --slot-memory "$1"; shift ;;
     bkv)
-        run decode.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+        run decode.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 1,64,256 --decode 32 \
           --repeats 2 --no-hf --slot-memory 0.3 --kv-cache-dtype "$1"; shift ;;
-    p16) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    p16) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
-    p16s) run prefill.log $B/examples/bench --backend cuda --dtype bf16 --synthetic lightning \
+    p16s) run prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 \
           --no-hf ;;
-    p12k) bench prefill.log $B/examples/bench --backend cuda --dtype bf16 --model $LT --engine \
+    p12k) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 12288 --batch 1 --decode 8 --repeats 1 --no-hf ;;
     hfm) wait_lt
         run hf.log python3 tools/hf_bench.py $LT --from-config --device cuda --dtype bfloat16 \
           --runs 1x1024,16x128,64x128 --decode 8 --repeats 1 --mamba-ssm .whl ;;
     pncu) bench ncu_prefill.csv timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
           --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
+          $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --prompt-len 1024 \
           --batch 1 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill.csv" ;;
     pncu16) bench ncu_prefill16.csv timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
           --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch 16 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill16.csv" ;;
     pncu64) bench ncu_prefill64.csv timeout 560 /usr/local/cuda/bin/ncu --clock-control none \
           --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch 64 --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill64.csv" ;;
     pncup) bench ncu_prefill_b$1.csv timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/profile --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1"
+          $B/examples/profile $BX --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1"
         xz -f "$OUT/ncu_prefill_b$1.csv"; shift ;;
     pncud) bench ncu_prefill_detail.txt timeout 500 /usr/local/cuda/bin/ncu --clock-control none \
           --kernel-name 'regex:tile|mma_kernel|scan_rows|matmul_rows|attn|softmax' --launch-count 14 \
           --section SpeedOfLight --section Occupancy --section LaunchStats \
           --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-          $B/examples/bench --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
+          $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --prompt-len 128 \
           --batch "$1" --decode 1 --repeats 1 --no-hf
         xz -f "$OUT/ncu_prefill_detail.txt"; shift ;;
     sass) wait_lt
@@ -232,7 +236,7 @@ while [ $# -gt 0 ]; do
           --kernel-name 'regex:fp8_mma_kernel|nvfp4_tile_kernel|fp8_gemm_kernel|fp8_tile_kernel|dense_mma|matmul_rows' \
           --launch-count 8 --section SourceCounters --section InstructionStats --section Occupancy \
           --section LaunchStats --section WarpStateStats --section SpeedOfLight -o $d/rep \
-          $B/examples/profile --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1" \
+          $B/examples/profile $BX --dtype bf16 --model $LT --prompt-len 128 --prefill --batch "$1" \
           --mma-min "$2"
         /usr/local/cuda/bin/ncu --import $d/rep.ncu-rep --page details >$d/details.txt 2>&1
         /usr/local/cuda/bin/ncu --import $d/rep.ncu-rep --page source --print-source sass --csv \
@@ -253,12 +257,12 @@ while [ $# -gt 0 ]; do
           --runs 1x1024,1x8192,16x128,64x128 --decode 8 --repeats 2 --mamba-ssm .whl ;;
     ncu) bench ncu_b1.csv timeout 300 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
+          $B/examples/profile $BX --dtype bf16 --model $LT --prompt-len 1024 \
           --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
     ncub) run "ncu_b$1.csv" timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-          $B/examples/profile --dtype bf16 --synthetic lightning --prompt-len 128 \
+          $B/examples/profile $BX --dtype bf16 --synthetic lightning --prompt-len 128 \
           --engine --batch "$1"
         xz -f "$OUT/ncu_b$1.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
@@ -280,7 +284,7 @@ while [ $# -gt 0 ]; do
           --clock-control none --kernel-name 'regex:mma|attn|ssm_step|add_rms|quantize' \
           --launch-count 40 --section SpeedOfLight --section Occupancy --section LaunchStats \
           --section WarpStateStats --section ComputeWorkloadAnalysis \
-          $B/examples/profile --dtype bf16 --model $LT --prompt-len 1024 \
+          $B/examples/profile $BX --dtype bf16 --model $LT --prompt-len 1024 \
           --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_detail.txt"; shift ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -1,7 +1,8 @@
 //! MoE routing (DeepSeek-V3-style sigmoid routing, f32): `s = sigmoid(logit)`; groups ranked by
 //! the sum of their two best `s + bias`, the `topk_group` best kept; then `k` passes each taking
 //! the best not-yet-chosen `s + bias` (dropped groups score `masked`; ties go to the lower index);
-//! weights `s` (or the biased score, a test deviation) renormalized and scaled.
+//! weights `s` (or the biased score, a test deviation) renormalized and scaled; then `fixed`
+//! slots taking experts `E, E+1, …` with weight 1 (a shared expert stacked with the routed ones).
 //!
 //! Grid: one cube per token, [`units`] units. Each unit scores its strided share of the experts
 //! into shared memory once; each of the `k` passes is a local arg-max per unit and a tree arg-max
@@ -9,7 +10,7 @@
 //! or on devices with 32-lane planes (CUDA) a warp-shuffle arg-max and one pass over the warps'
 //! winners (same order).
 //! The serial one-unit-per-token kernel this replaces took 259 µs per call at 128 experts, top 6
-//! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k]`.
+//! on the H200 (`docs/PERF.md` §6). `idx`/`w`: `[N, k + fixed]`.
 
 use super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, float_buf, with_float, yz};
 use super::reduce::{argmax_tree, better, plane_reduce};
@@ -29,6 +30,7 @@ pub fn moe_route_kernel(
     tokens: u32,
     n_experts: u32,
     top_k: u32,
+    fixed: u32,
     n_group: u32,
     topk_group: u32,
     scaling: f32,
@@ -46,6 +48,8 @@ pub fn moe_route_kernel(
     }
     let u = UNIT_POS as usize;
     let (k, ng) = (top_k as usize, n_group as usize);
+    // A token's row of `idx`/`w`: its `k` routed slots, then the `fixed` ones.
+    let kk = k + fixed as usize;
     let per = experts / ng;
     // `experts` as a runtime value: the "no candidate" index.
     let none = n_experts;
@@ -168,7 +172,7 @@ pub fn moe_route_kernel(
                 taken[b] = 1u32;
             }
             if u == 0 {
-                idx[t * k + j] = b as i32;
+                idx[t * kk + j] = b as i32;
                 wk[j] = if biased_weights { wv } else { score[b] };
             }
         } else {
@@ -178,7 +182,7 @@ pub fn moe_route_kernel(
             argmax_tree(&mut val, &mut ix, none);
             if u == 0 {
                 let b = ix[0] as usize;
-                idx[t * k + j] = b as i32;
+                idx[t * kk + j] = b as i32;
                 taken[b] = 1u32;
                 wk[j] = if biased_weights { val[0] } else { score[b] };
             }
@@ -196,7 +200,11 @@ pub fn moe_route_kernel(
             if renorm {
                 v /= sum + 1e-20f32;
             }
-            w[t * k + j] = v * scaling;
+            w[t * kk + j] = v * scaling;
+        }
+        for j in 0..fixed as usize {
+            idx[t * kk + k + j] = (n_experts as usize + j) as i32;
+            w[t * kk + k + j] = 1.0f32;
         }
     }
 }
@@ -214,8 +222,8 @@ pub fn launch<R: CubeRuntime>(
     let (lg, b) = (f32_buf(logits), f32_buf(bias));
     let shape = lg.meta.shape().clone();
     let (n, e) = (shape[0], shape[1]);
-    let idx = empty(&lg, [n, c.top_k], DType::I32);
-    let w = empty(&lg, [n, c.top_k], DType::F32);
+    let idx = empty(&lg, [n, c.top_k + c.fixed], DType::I32);
+    let w = empty(&lg, [n, c.top_k + c.fixed], DType::F32);
     if n == 0 {
         return (idx, w);
     }
@@ -232,6 +240,7 @@ pub fn launch<R: CubeRuntime>(
         n as u32,
         e as u32,
         c.top_k as u32,
+        c.fixed as u32,
         c.n_group as u32,
         c.topk_group as u32,
         c.routed_scaling_factor,

@@ -8,7 +8,7 @@ use nemotron_kernels::{ops, RouteConfig};
 pub fn moe_route_matches(arm: &Arm) {
     let href = Arm::host();
     let mut rng = Rng::new(8, &href);
-    for (n, e, top_k, n_group, topk_group, renorm, biased, ties) in [
+    for (case, (n, e, top_k, n_group, topk_group, renorm, biased, ties)) in [
         (1, 128, 6, 1, 1, true, false, false),
         (7, 16, 4, 4, 2, true, false, false),
         (5, 32, 8, 8, 3, false, false, false),
@@ -19,7 +19,12 @@ pub fn moe_route_matches(arm: &Arm) {
         // Logits on a coarse grid and no bias: many equal scores, the lower index must win.
         (4, 128, 8, 1, 1, true, false, true),
         (4, 64, 6, 8, 3, true, false, true),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // 0, 1 or 2 fixed slots (a shared expert stacked as experts E, E+1) after the routed ones.
+        let fixed = case % 3;
         let mut logits = rng.vec(n * e, 4.0);
         let mut bias = rng.vec(e, 0.5);
         if ties {
@@ -33,6 +38,7 @@ pub fn moe_route_matches(arm: &Arm) {
             norm_topk_prob: renorm,
             routed_scaling_factor: 2.5,
             weights_from_biased: biased,
+            fixed,
         };
         let run = |a: &Arm| {
             let (i, w) = ops::moe_route(a.f32(&logits, [n, e]), a.f32(&bias, [e]), &c);
@@ -40,6 +46,18 @@ pub fn moe_route_matches(arm: &Arm) {
             (i, host(w))
         };
         let ((gi, gw), (ri, rw)) = (run(arm), run(&href));
+        // The fixed slots: experts E.. in order, weight 1, after each token's routed ones.
+        let kk = top_k + fixed;
+        for t in 0..n {
+            for j in 0..fixed {
+                assert_eq!(
+                    gi[t * kk + top_k + j],
+                    (e + j) as i64,
+                    "route fixed slot {j}"
+                );
+                assert_eq!(gw[t * kk + top_k + j], 1.0, "route fixed slot {j} weight");
+            }
+        }
         assert_eq!(
             gi, ri,
             "route {n}×{e} top-{top_k} groups {n_group}: experts"

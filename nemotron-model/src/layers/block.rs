@@ -2,6 +2,7 @@
 
 use crate::cache::{BatchLayer, KvCacheDtype, LayerState, SequenceState, SlotLayer};
 use crate::layers::attention::Attention;
+use crate::layers::fold::SharedExpert;
 use crate::layers::mamba2::Mamba2;
 use crate::layers::mlp::Mlp;
 use crate::layers::moe::{Moe, MoeOut};
@@ -28,13 +29,14 @@ pub struct Block {
 
 impl Block {
     /// Builds a block from its loaded weights; the config was validated by the loader, so every
-    /// mixer kind present has its section.
+    /// mixer kind present has its section. `shared`: how a MoE mixer runs its shared expert.
     pub fn from_weights(
         w: LayerWeights,
         cfg: &NemotronHConfig,
         dev: &Device,
         dtype: DType,
         dv: &Deviations,
+        shared: SharedExpert,
     ) -> Self {
         let eps = cfg.norm_eps;
         let section = |what: &str| -> ! { panic!("validated config has no {what} section") };
@@ -51,6 +53,7 @@ impl Block {
                     dev,
                     dtype,
                     dv.bias_in_routing_weights,
+                    shared,
                 ))
             }
             MixerWeights::Attention(a) => {

@@ -7,6 +7,7 @@
 //! is a tensor reduction (NVFP4, FP8 W8A8 and dense experts). Only checkpoints whose experts mix
 //! weight forms (none released) fall back to grouping tokens by expert on the host.
 
+use crate::layers::fold::{fold_refusal, fold_shared, SharedExpert};
 use crate::layers::linear::{fp8_matrix, nvfp4_matrix};
 use crate::layers::mlp::Mlp;
 use crate::util::{float, float_transposed, from_f32, to_f32};
@@ -80,14 +81,25 @@ fn dense_expert_linear(x: Tensor<2>, experts: Tensor<1, Int>, w: &Tensor<3>) -> 
 }
 
 impl Moe {
-    /// Builds the mixer from its loaded weights. `bias_in_weights` is a deviation (tests only).
+    /// Builds the mixer from its loaded weights, its shared expert run as `shared` says (a
+    /// shared expert that [`fold_refusal`] refuses stays apart: [`crate::NemotronH`]'s build
+    /// refuses the option first). `bias_in_weights` is a deviation (tests only).
     pub fn from_weights(
-        w: MoeWeights,
+        mut w: MoeWeights,
         cfg: &MoeConfig,
         dev: &Device,
         dtype: DType,
         bias_in_weights: bool,
+        shared: SharedExpert,
     ) -> Self {
+        let mut fixed = 0;
+        if shared == SharedExpert::Fold && fold_refusal(&w).is_none() {
+            if let (Some(s), Some(e)) = (w.shared.take(), w.experts.first()) {
+                let parts = fold_shared(s, e.up.out_features());
+                fixed = parts.len();
+                w.experts.extend(parts);
+            }
+        }
         Moe {
             // The router runs in f32 whatever the activation dtype.
             router: float::<2>(&w.router, dev, DType::F32),
@@ -101,6 +113,7 @@ impl Moe {
                 norm_topk_prob: cfg.norm_topk_prob,
                 routed_scaling_factor: cfg.routed_scaling_factor as f32,
                 weights_from_biased: bias_in_weights,
+                fixed,
             },
         }
     }
@@ -128,7 +141,8 @@ impl Moe {
         let n = b * t;
         let x: Tensor<2> = h.reshape([n, hid]);
         let (idx, w) = self.route(x.clone());
-        let k = self.route.top_k;
+        // Routed slots, then the folded shared expert's (weight 1).
+        let k = self.route.top_k + self.route.fixed;
         let dtype = x.dtype();
         let slots = idx.clone().reshape([n * k]);
         let routed = match &self.experts {
@@ -302,6 +316,7 @@ mod tests {
                 norm_topk_prob: true,
                 routed_scaling_factor: 2.5,
                 weights_from_biased: false,
+                fixed: 0,
             },
         }
     }
@@ -398,6 +413,119 @@ mod tests {
                     "{name} groups {groups}: {d} at scale {scale}"
                 );
             }
+        }
+    }
+
+    /// The shared expert folded into the stack (`SharedExpert::Fold`) gives the layer's output
+    /// apart, for NVFP4, FP8 and dense experts, with a shared width of 1.5 experts (the second
+    /// part half zero padding): the f32 sums in another order only.
+    #[test]
+    fn folded_shared_expert_equals_apart() {
+        use nemotron_loader::{
+            DType as HD, ExpertWeights, Fp8Weight, HostTensor, Nvfp4Activations, Nvfp4Weight,
+        };
+        let dev = Device::flex();
+        let (hid, inter, shared_w, e) = (32, 32, 48, 4);
+        let host = |name: &str, dtype: HD, shape: Vec<usize>, bytes: Vec<u8>| HostTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            bytes,
+        };
+        let forms: [(&str, fn(usize, usize, u64) -> W); 3] = [
+            ("nvfp4", |r, c, seed| {
+                let enc = fmt::nvfp4_encode(&vals(r * c, seed, 0.2), r, c);
+                W::Nvfp4(Nvfp4Weight {
+                    out_features: r,
+                    in_features: c,
+                    packed: HostTensor {
+                        name: "p".into(),
+                        dtype: HD::U8,
+                        shape: vec![r, c / 2],
+                        bytes: enc.packed,
+                    },
+                    block_scales: HostTensor {
+                        name: "s".into(),
+                        dtype: HD::F8E4M3,
+                        shape: vec![r, c / 16],
+                        bytes: enc.block_scales,
+                    },
+                    weight_scale_2: enc.weight_scale_2,
+                    input_scale: None,
+                    activations: Nvfp4Activations::W4A16,
+                })
+            }),
+            ("fp8", |r, c, seed| {
+                let (q, ws) = fmt::fp8_encode(&vals(r * c, seed, 0.2));
+                W::Fp8(Fp8Weight {
+                    out_features: r,
+                    in_features: c,
+                    weight: HostTensor {
+                        name: "w".into(),
+                        dtype: HD::F8E4M3,
+                        shape: vec![r, c],
+                        bytes: q,
+                    },
+                    weight_scale: ws,
+                    input_scale: 0.02,
+                })
+            }),
+            ("dense", |r, c, seed| {
+                let v = vals(r * c, seed, 0.2);
+                W::Dense(HostTensor {
+                    name: "d".into(),
+                    dtype: HD::F32,
+                    shape: vec![r, c],
+                    bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                })
+            }),
+        ];
+        let cfg = MoeConfig {
+            n_routed_experts: e,
+            top_k: 2,
+            intermediate_size: inter,
+            n_shared_experts: 1,
+            shared_intermediate_size: shared_w,
+            n_group: 1,
+            topk_group: 1,
+            norm_topk_prob: true,
+            routed_scaling_factor: 2.5,
+            bias: true,
+        };
+        let h = tensor(vals(2 * 5 * hid, 3, 1.0), [2, 5, hid]);
+        for (name, make) in forms {
+            let f32s = |v: Vec<f32>| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let weights = MoeWeights {
+                router: host("r", HD::F32, vec![e, hid], f32s(vals(e * hid, 1, 1.0))),
+                correction_bias: host("b", HD::F32, vec![e], f32s(vals(e, 2, 0.1))),
+                experts: (0..e as u64)
+                    .map(|i| ExpertWeights {
+                        up: make(inter, hid, 10 + i),
+                        down: make(hid, inter, 20 + i),
+                    })
+                    .collect(),
+                shared: Some(ExpertWeights {
+                    up: make(shared_w, hid, 30),
+                    down: make(hid, shared_w, 31),
+                }),
+            };
+            assert_eq!(fold_refusal(&weights), None, "{name}");
+            let run = |mode| -> Vec<f32> {
+                let m = Moe::from_weights(weights.clone(), &cfg, &dev, DType::F32, false, mode);
+                assert_eq!(m.route.fixed, usize::from(mode == SharedExpert::Fold) * 2);
+                m.forward(h.clone()).into_data().into_vec().unwrap()
+            };
+            let (a, b) = (run(SharedExpert::Apart), run(SharedExpert::Fold));
+            let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
+            assert!(
+                d <= 1e-5 * scale,
+                "{name}: folded off apart by {d} at scale {scale}"
+            );
         }
     }
 }
