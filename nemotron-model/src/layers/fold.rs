@@ -129,8 +129,11 @@ fn cols(
         bytes.extend_from_slice(&r[from..from + real]);
         bytes.resize(bytes.len() + total - real, 0);
     }
+    // A matrix: `[rows, row]` bytes as `[.., cols]` elements.
     let mut shape = t.shape.clone();
-    *shape.last_mut().expect("a matrix") = cols;
+    if let Some(last) = shape.last_mut() {
+        *last = cols;
+    }
     HostTensor {
         name: format!("{} (fold part {p})", t.name),
         dtype: t.dtype,
