@@ -240,21 +240,27 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             });
         }
     }
-    for (k, nout, div, epi) in [
-        (2688, 1856, 6, Epilogue::Relu2),
-        (1856, 2688, 1, Epilogue::None),
+    // The routed experts at batch 1: six slots of 128 experts, and eight of 130 (the shared
+    // expert of width 3712 folded in as experts 128 and 129, `SharedExpert::Fold`: compare with
+    // the six-slot row plus the 2688→3712 / 3712→2688 GEMV rows above).
+    for (k, nout, div, epi, slots) in [
+        (2688, 1856, 6, Epilogue::Relu2, 6usize),
+        (1856, 2688, 1, Epilogue::None, 6),
+        (2688, 1856, 8, Epilogue::Relu2, 8),
+        (1856, 2688, 1, Epilogue::None, 8),
     ] {
-        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 128, nout, k), dev);
-        let x = act(&mut rng, vec![6 / div, k]);
-        let idx =
-            Tensor::<1, Int>::from_data(TensorData::new(vec![3i32, 17, 42, 77, 90, 121], [6]), dev);
+        let experts = 128 + slots - 6;
+        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, experts, nout, k), dev);
+        let x = act(&mut rng, vec![slots / div, k]);
+        let chosen: Vec<i32> = [3i32, 17, 42, 77, 90, 121, 128, 129][..slots].to_vec();
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(chosen, [slots]), dev);
         for (path, min) in b1_paths {
             let (x, w, idx) = (x.clone(), w.clone(), idx.clone());
             rows.push(Row {
-                name: format!("NVFP4 experts 6 of 128 {k}→{nout} ({epi:?}) {path}"),
-                bytes: 6.0 * (nout * k / 2 + nout * k / 16) as f64
-                    + esize * (6 / div * k + 6 * nout) as f64,
-                flops: 12.0 * (k * nout) as f64,
+                name: format!("NVFP4 experts {slots} of {experts} {k}→{nout} ({epi:?}) {path}"),
+                bytes: slots as f64 * (nout * k / 2 + nout * k / 16) as f64
+                    + esize * (slots / div * k + slots * nout) as f64,
+                flops: 2.0 * slots as f64 * (k * nout) as f64,
                 op: Box::new(move || {
                     with_paths(min, None, || {
                         drop(ops::nvfp4_expert_linear(

@@ -72,7 +72,7 @@
 #                (loadtest --long-prompt N --step-tokens ST --prefill-chunk PC; 0,0: whole); the
 #                streams' inter-token gaps before, during and after its admission
 #   bargs ARGS   extra arguments for every later bench and profile step of the call (one word
-#                list, e.g. "--shared-expert fold"; "" clears them)
+#                list, e.g. "--shared-expert fold"; "" clears them); ncub's file names carry them
 #   ncud SETTING ncu sections (speed of light, occupancy, launch, warp states) over the step's
 #                tensor-core, attention, SSM and norm kernels
 # Logs go to $OUT (at most 8 files come back: one per step kind).
@@ -84,6 +84,7 @@ B=.device/release
 IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8::"
 LT=/tmp/lt
 BX=
+BT=
 wait_lt() { if [ -n "${SYNTH_PID:-}" ]; then wait "$SYNTH_PID"; SYNTH_PID=; fi; }
 run() { # log-file command...
   local log=$1; shift
@@ -99,7 +100,7 @@ while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     unpack) bash tools/device/unpack.sh ;;
-    bargs) BX=$1; shift ;;
+    bargs) BX=$1; BT=$(printf %s "$1" | tr -cs 'A-Za-z0-9' _); shift ;;
     synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text ;;
     synth-bg)
       ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text >"$OUT/synth.log" 2>&1 ) &
@@ -260,11 +261,11 @@ while [ $# -gt 0 ]; do
           $B/examples/profile $BX --dtype bf16 --model $LT --prompt-len 1024 \
           --engine --batch 1 --mma-min "$1"
         xz -f "$OUT/ncu_b1.csv"; shift ;;
-    ncub) run "ncu_b$1.csv" timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
+    ncub) run "ncu_b$1$BT.csv" timeout 400 /usr/local/cuda/bin/ncu --profile-from-start off \
           --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
           $B/examples/profile $BX --dtype bf16 --synthetic lightning --prompt-len 128 \
           --engine --batch "$1"
-        xz -f "$OUT/ncu_b$1.csv"; shift ;;
+        xz -f "$OUT/ncu_b$1$BT.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
           --json "$OUT/load.json"
