@@ -504,11 +504,14 @@ fn code_words(rng: &mut Rng, n_codes: usize) -> (Vec<u8>, Vec<i32>) {
     (codes, words)
 }
 
+/// A pool of I32 words in a dense row-major buffer, as the model makes its pools
+/// (`ops::contiguous_int`): CUDA pitches the rows of an uploaded tensor (a row of two words takes
+/// 16 bytes), and the pool ops, which write in place, take dense buffers only.
 fn words4(a: &Arm, w: &[i32], shape: [usize; 4]) -> Tensor<4, Int> {
-    Tensor::from_data(
+    ops::contiguous_int(Tensor::from_data(
         TensorData::new(w.to_vec(), shape),
         (&a.dev, burn::tensor::DType::I32),
-    )
+    ))
 }
 
 fn words_of(t: Tensor<4, Int>) -> Vec<i64> {
