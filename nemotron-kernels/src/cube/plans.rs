@@ -70,7 +70,7 @@ pub mod ssd {
 /// The batched matmul's path and the router product's rows per cube.
 pub mod matmul {
     pub use crate::cube::matmul::{
-        plan, set_tiled_kernel, tile_rows, tiled_kernel, tiled_refusals, MatmulPath, TiledKernel,
-        MATMUL_TILE_ROWS, TILED_MIN,
+        block_rows, plan, set_tiled_kernel, tile_rows, tiled_kernel, tiled_refusals, MatmulPath,
+        TiledKernel, MATMUL_TILE_ROWS, TILED_MIN,
     };
 }

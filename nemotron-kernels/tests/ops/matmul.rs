@@ -19,6 +19,8 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 1100, 200, 132),
         (64, 17, 40, 20),
         (1, 1030, 40, 22),
+        // Blocks of 8 rows in the plain kernel (256 ≤ rows < 1,024), the last ragged.
+        (1, 300, 40, 22),
     ] {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);
@@ -74,12 +76,20 @@ pub fn dense_linear_matches(arm: &Arm) {
     }
 }
 
-/// The exact matmul sums every output in one order whatever the rows around it: the rows of a
-/// 1,030-row router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one
-/// (16 rows per cube) are bit for bit those of the same rows alone (20 rows: one row per cube).
-/// Cube arms only (the host reference is another code).
+/// The exact matmul sums every output in one order whatever the rows around it: the rows of the
+/// batch-256 decode router (2688 → 128, 8 rows per cube of the plain kernel), of a 1,030-row
+/// router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one (16 rows per
+/// cube) are bit for bit those of the same rows alone (20 rows: one row per cube). Cube arms
+/// only (the host reference is another code).
 pub fn dense_linear_rows_invariant(arm: &Arm) {
-    for (m, k, n) in [(1030, 264, 132), (4300, 72, 8)] {
+    use nemotron_kernels::cube::plans::matmul::block_rows;
+    assert_eq!(
+        block_rows(1, 256),
+        8,
+        "the batch-256 router in blocks of rows"
+    );
+    assert_eq!(block_rows(1, 20), 1, "20 rows: one per cube");
+    for (m, k, n) in [(256, 2688, 128), (1030, 264, 132), (4300, 72, 8)] {
         rows_invariant_case(arm, m, k, n);
     }
 }

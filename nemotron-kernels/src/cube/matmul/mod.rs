@@ -292,11 +292,26 @@ pub fn plan(dtype: DType, m: usize, k: usize, n: usize) -> MatmulPath {
 pub const MATMUL_COLS: u32 = 32;
 /// Unit rows splitting K (a power of two).
 pub const MATMUL_SPLITS: u32 = 16;
-/// Rows of one batch per cube, from [`MATMUL_ROWS_FROM`] rows in all.
+/// Rows of one batch per cube of [`matmul_kernel()`], from [`MATMUL_BLOCK_FROM`] rows in all.
 pub const MATMUL_ROWS: usize = 8;
-/// Rows (all batches) from which a cube takes [`MATMUL_ROWS`]: below, one row per cube keeps
-/// the grid wide (a decode batch's router, 64 rows × 4 column blocks, would shrink to 32 cubes).
+/// Rows (all batches) from which [`matmul_kernel()`]'s cubes take [`MATMUL_ROWS`] rows: below,
+/// one row per cube keeps the grid wide (a decode batch's router, 64 rows × 4 column blocks,
+/// would shrink to 32 cubes). At 256 rows (the batch-256 decode router, 4 × 32 = 128 cubes) one
+/// row per cube read the whole 1.4 MB f32 weight once per row, 71.5 µs a layer on the H100
+/// (`docs/PERF.md` §33).
+pub const MATMUL_BLOCK_FROM: usize = 256;
+/// Rows (all batches) from which the register-blocked [`matmul_rows_kernel()`] runs.
 pub const MATMUL_ROWS_FROM: usize = 1024;
+
+/// Rows per cube of [`matmul_kernel()`] for `bs` batches of `m` rows (pure; the sums do not
+/// depend on it).
+pub fn block_rows(bs: usize, m: usize) -> usize {
+    if m >= MATMUL_ROWS && bs * m >= MATMUL_BLOCK_FROM {
+        MATMUL_ROWS
+    } else {
+        1
+    }
+}
 
 #[cube(launch)]
 pub fn matmul_kernel<F: Float>(
@@ -631,11 +646,7 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
         with_float!(dtype, go);
         return contiguous_as(c, out_dtype);
     }
-    let rows = if m >= MATMUL_ROWS && bs * m >= MATMUL_ROWS_FROM {
-        MATMUL_ROWS
-    } else {
-        1
-    };
+    let rows = block_rows(bs, m);
     let (gy, gz) = yz(bs * m.div_ceil(rows));
     let count = CubeCount::Static(n.div_ceil(MATMUL_COLS as usize) as u32, gy, gz);
     let dim = CubeDim::new_2d(MATMUL_COLS, MATMUL_SPLITS);
