@@ -303,6 +303,13 @@ mod tests {
         Tensor::from_data(TensorData::new(v, shape), (&Device::flex(), DType::F32))
     }
 
+    /// (max |a − b|, max |b|).
+    fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        (d, scale)
+    }
+
     fn moe(experts: Experts, hid: usize, e: usize, groups: usize) -> Moe {
         Moe {
             router: tensor(vals(e * hid, 1, 1.0), [e, hid]),
@@ -402,11 +409,7 @@ mod tests {
                     .into_data()
                     .into_vec()
                     .unwrap();
-                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = a
-                    .iter()
-                    .zip(&b)
-                    .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                let (d, scale) = max_diff(&a, &b);
                 assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
                 assert!(
                     d <= 1e-5 * scale,
@@ -516,11 +519,7 @@ mod tests {
                 m.forward(h.clone()).into_data().into_vec().unwrap()
             };
             let (a, b) = (run(SharedExpert::Apart), run(SharedExpert::Fold));
-            let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = a
-                .iter()
-                .zip(&b)
-                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            let (d, scale) = max_diff(&b, &a);
             assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
             assert!(
                 d <= 1e-5 * scale,
