@@ -81,7 +81,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 B=.device/release
 # The CUDA tests of the root crate's one test binary (deps/it), by module.
-IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8::"
+IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8:: fold::"
 LT=/tmp/lt
 BX=
 BT=
