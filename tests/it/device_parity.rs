@@ -23,7 +23,7 @@
 use crate::common::*;
 use burn::tensor::{DType, Device};
 use nemotron::loader::synth::{Geometry, SynthRecipe};
-use nemotron::model::{Deviations, NemotronH};
+use nemotron::model::{BuildOptions, Deviations, NemotronH};
 
 const F32_BAND: f32 = 1e-5;
 const W8A8_BAND: f32 = 0.15;
@@ -105,8 +105,9 @@ fn hf(
     name: &str,
     suffix: &str,
     d: Deviations,
+    opts: BuildOptions,
 ) -> (Vec<f32>, Vec<f32>, f32) {
-    let m = NemotronH::load_with_deviations(fixture(name), dev, dtype, d).unwrap();
+    let m = NemotronH::load_with_deviations_and(fixture(name), dev, dtype, d, opts).unwrap();
     check_dtype(&m, dtype);
     let (p, dd, scale) = compare_rows(&m, &reference(name, suffix));
     eprintln!(
@@ -133,8 +134,19 @@ fn outside(rows: &[f32], lim: f32) -> (usize, f32) {
 
 /// Every HF fixture within its band on `dev` in `dtype`; W8A8 against `w8a8`.
 pub fn hf_fixtures_match(dev: &Device, dtype: DType, band: Band, w8a8: Band) {
+    hf_fixtures_match_built(dev, dtype, band, w8a8, BuildOptions::default());
+}
+
+/// [`hf_fixtures_match`] with the model built as `opts` says.
+pub fn hf_fixtures_match_built(
+    dev: &Device,
+    dtype: DType,
+    band: Band,
+    w8a8: Band,
+    opts: BuildOptions,
+) {
     let check = |name: &str, suffix: &str, d: Deviations, band: Band| {
-        let (p, dd, s) = hf(dev, dtype, name, suffix, d);
+        let (p, dd, s) = hf(dev, dtype, name, suffix, d, opts);
         let lim = band.limit(name, suffix, s);
         let drift = hf_bf16_drift(name, suffix);
         let ((np, ip), (nd, id)) = (outside(&p, lim), outside(&dd, lim));
@@ -169,7 +181,14 @@ pub fn hf_fixtures_match(dev: &Device, dtype: DType, band: Band, w8a8: Band) {
 /// The band rejects a plausible wrong model on this backend: more rows beyond it than the band
 /// forgives, on prefill and on decode.
 pub fn band_is_armed(dev: &Device, dtype: DType, band: Band, wrong: Deviations) {
-    let (p, dd, s) = hf(dev, dtype, "all_letters", "", wrong);
+    let (p, dd, s) = hf(
+        dev,
+        dtype,
+        "all_letters",
+        "",
+        wrong,
+        BuildOptions::default(),
+    );
     let lim = band.limit("all_letters", "", s);
     let (np, nd) = (outside(&p, lim).0, outside(&dd, lim).0);
     let (ap, ad) = band.flip_rows("all_letters", "", lim);
@@ -370,6 +389,23 @@ mod cuda {
             DType::BF16,
             Band::HfBf16(BF16_DRIFTS),
             Band::HfBf16Worst(1.5),
+        );
+    }
+    /// The shared expert folded into the routed stack (`SharedExpert::Fold`): in bf16 its rows
+    /// join the routed f32 sum before the one rounding (HF rounds the routed sum, then adds), so
+    /// the same multiples of HF's own drift must hold.
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn cuda_bf16_folded_shared_expert_matches_hf() {
+        use nemotron::model::{BuildOptions, SharedExpert};
+        super::hf_fixtures_match_built(
+            &dev(),
+            DType::BF16,
+            Band::HfBf16(BF16_DRIFTS),
+            Band::HfBf16Worst(1.5),
+            BuildOptions {
+                shared_expert: SharedExpert::Fold,
+            },
         );
     }
     /// The same fixtures through prefill's grouped-expert path from one routing slot, its slots
