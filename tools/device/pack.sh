@@ -40,3 +40,11 @@ sort -u .device/roots.all >.device/roots && rm .device/roots.all
 echo "built under: $(tr '\n' ' ' <.device/roots)"
 xz -T2 -6 "$out"/deps/* "$out"/examples/*
 du -sh .device
+# A call carries the tracked files and .device together, 64 MiB at most: past it the call is
+# refused (or a helper carries a part and a binary goes missing), so say so here.
+tracked=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+packed=$(du -sb .device | cut -f1)
+if [ $((tracked + packed)) -gt 67108864 ]; then
+  echo "warning: .device ($packed B) + tracked files ($tracked B) = $((tracked + packed)) B, over" \
+    "the 64 MiB a call carries: pack fewer binaries (SKIP=\"memory loadtest\", or loadtest alone)" >&2
+fi
