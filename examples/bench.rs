@@ -279,8 +279,14 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         a.backend,
         dtype_name(m.dtype())
     );
+    // What the model was built with, not what was asked.
+    let folded = m
+        .layers()
+        .iter()
+        .filter(|b| matches!(b.mixer(), Mixer::Moe(moe) if moe.shared_folded()))
+        .count();
     println!(
-        "model: {label}, {} layers ({}), shared expert {}",
+        "model: {label}, {} layers ({}), shared expert {} ({folded} MoE layers folded)",
         m.layers().len(),
         m.config().pattern(),
         a.shared_expert

@@ -349,7 +349,8 @@ const PHASES: [&str; 3] = ["before", "during", "after"];
 /// A mixed level's phases (see the module comment), as JSON.
 fn mixed(s: &ClientStats, lg: &Long, l: &LongSpec, t0: Instant) -> Value {
     let mut by: [Vec<f64>; 3] = Default::default();
-    // A long request that failed has no admission span: every gap after its sending is "after".
+    // A long request that failed has no first token: its span is the instant it was sent (a gap
+    // across that instant is "during", every later one "after").
     let first = lg.first.unwrap_or(lg.sent);
     for &(a, b) in &s.gaps {
         by[phase(a, b, lg.sent, first)].push((b - a).as_secs_f64());

@@ -109,3 +109,42 @@ fn fold_is_refused_by_layer_where_the_forms_differ() {
     // Apart, the same checkpoint builds.
     NemotronH::from_checkpoint(broken().1, &host(), DType::F32).unwrap();
 }
+
+/// `bench --shared-expert` is honoured: the line it prints counts the MoE layers the model was
+/// built with folded (from the model, not from the flag), none apart, every one folded.
+#[test]
+fn bench_builds_the_shared_expert_as_asked() {
+    let run = |mode: &str| -> String {
+        let o = std::process::Command::new(example("bench"))
+            .args(["--geometry", "tiny", "--prompt-len", "4", "--decode", "1"])
+            .args(["--repeats", "1", "--no-hf", "--shared-expert", mode])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "bench --shared-expert {mode}: {out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    };
+    let cfg = nemotron::loader::synth::Geometry::tiny().config_json();
+    let moe_layers = cfg["hybrid_override_pattern"]
+        .as_str()
+        .unwrap()
+        .matches('E')
+        .count();
+    assert!(moe_layers > 0, "the tiny geometry has MoE layers");
+    let apart = run("apart");
+    assert!(
+        apart.contains("shared expert apart (0 MoE layers folded)"),
+        "{apart}"
+    );
+    let fold = run("fold");
+    assert!(
+        fold.contains(&format!(
+            "shared expert fold ({moe_layers} MoE layers folded)"
+        )),
+        "{fold}"
+    );
+}

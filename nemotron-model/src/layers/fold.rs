@@ -19,8 +19,9 @@ pub enum SharedExpert {
     /// slots in f32 before the one rounding, where HF rounds the routed sum and then adds.
     /// Meant for the quantized stacks (NVFP4, FP8), whose kernels read each expert's weights in
     /// place: dense (BF16) experts gather a weight per slot, so there the fold trades one dense
-    /// product for two more gathered slots per token, which is slower (the tiny BF16 model's host
-    /// prefill: 47.8 → 32.0 tok/s).
+    /// product for two more gathered slots per token, which is slower (the small100m BF16 model
+    /// on the host, `bench --engine --prompt-len 16 --batch 2 --decode 4 --repeats 1 --no-hf`:
+    /// prefill 47.8 → 32.0 tok/s).
     Fold,
 }
 

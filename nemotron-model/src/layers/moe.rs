@@ -118,6 +118,11 @@ impl Moe {
         }
     }
 
+    /// Whether the shared expert runs stacked with the routed experts (`SharedExpert::Fold`).
+    pub fn shared_folded(&self) -> bool {
+        self.route.fixed > 0
+    }
+
     /// Routing for `x` `[N, hidden]`: `(indices [N, k], weights [N, k] f32)`.
     pub fn route(&self, x: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
         let logits = ops::dense_linear(x, self.router.clone());
