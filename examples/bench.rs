@@ -112,6 +112,10 @@ struct Args {
     /// checkpoint's k_scale/v_scale: half the KV bytes of bf16)
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// With --engine: the slots' Mamba SSM state, float32 | bfloat16 (half the state bytes a
+    /// decode step reads and writes; the step rounds the new state to nearest even)
+    #[arg(long, default_value = "float32")]
+    mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
     /// with the routed experts: one launch per projection; `BuildOptions::shared_expert`).
     #[arg(long, default_value = "apart")]
@@ -252,21 +256,26 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+    let ssm: nemotron::model::SsmCacheDtype = a
+        .mamba_ssm_cache_dtype
+        .parse()
+        .map_err(|e| format!("--mamba-ssm-cache-dtype: {e}"))?;
     if (a.step_tokens != 0
         || a.prefill_chunk != 0
         || a.slot_memory.is_some()
-        || kv != nemotron::model::KvCacheDtype::Auto)
+        || kv != nemotron::model::KvCacheDtype::Auto
+        || ssm != nemotron::model::SsmCacheDtype::F32)
         && !a.engine
     {
         return Err(
-            "--step-tokens, --prefill-chunk, --slot-memory and --kv-cache-dtype apply to the \
-             engine: add --engine"
+            "--step-tokens, --prefill-chunk, --slot-memory, --kv-cache-dtype and \
+             --mamba-ssm-cache-dtype apply to the engine: add --engine"
                 .into(),
         );
     }
     let t0 = Instant::now();
     let (m, dir, label, _tmp) = load(a, dev, dtype)?;
-    let m = m.with_kv_cache(kv)?;
+    let m = m.with_kv_cache(kv)?.with_ssm_cache(ssm)?;
     sync(dev);
     let load = t0.elapsed().as_secs_f64();
     let report = m
@@ -291,6 +300,10 @@ fn model(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         m.config().pattern(),
         a.shared_expert
     );
+    if a.engine {
+        // Read from the model the engine's slots are made by.
+        println!("slot caches: KV {}, SSM {}", m.kv_cache(), m.ssm_cache());
+    }
     println!(
         "load: {load:.1} s; checkpoint bytes held {} ({:.2} GiB)",
         report.host_bytes,

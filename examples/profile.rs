@@ -40,6 +40,9 @@ struct Args {
     /// The slots' KV cache with --engine: auto | fp8.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// The slots' Mamba SSM state with --engine: float32 | bfloat16.
+    #[arg(long, default_value = "float32")]
+    mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart | fold (`bench --shared-expert`).
     #[arg(long, default_value = "apart")]
     shared_expert: String,
@@ -107,6 +110,13 @@ fn run(a: &Args) -> Res<()> {
     if kv != nemotron::model::KvCacheDtype::Auto && !a.engine {
         return Err("--kv-cache-dtype is the engine's slot cache: add --engine".into());
     }
+    let ssm: nemotron::model::SsmCacheDtype = a
+        .mamba_ssm_cache_dtype
+        .parse()
+        .map_err(|e| format!("--mamba-ssm-cache-dtype: {e}"))?;
+    if ssm != nemotron::model::SsmCacheDtype::F32 && !a.engine {
+        return Err("--mamba-ssm-cache-dtype is the engine's slot state: add --engine".into());
+    }
     let build = nemotron::model::BuildOptions {
         shared_expert: a
             .shared_expert
@@ -130,7 +140,8 @@ fn run(a: &Args) -> Res<()> {
             return Err(format!("--synthetic {g:?}: only `lightning` (or give --model)").into())
         }
     }
-    .with_kv_cache(kv)?;
+    .with_kv_cache(kv)?
+    .with_ssm_cache(ssm)?;
     let v = m.config().vocab_size;
     let prompt: Vec<u32> = (0..a.prompt_len)
         .map(|i| ((i * 7919 + 13) % v) as u32)

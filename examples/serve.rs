@@ -68,6 +68,10 @@ struct Args {
     /// k_scale/v_scale, 1.0 where it ships none: half the KV bytes of bf16)
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// The slots' Mamba SSM state: float32 | bfloat16 (half the state bytes a decode step reads
+    /// and writes; the new state rounded to nearest even each step)
+    #[arg(long, default_value = "float32")]
+    mamba_ssm_cache_dtype: String,
     /// flex | ndarray | cuda | wgpu
     #[arg(long, default_value = "flex")]
     backend: String,
@@ -127,6 +131,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .kv_cache_dtype
         .parse()
         .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+    o.ssm_cache = a
+        .mamba_ssm_cache_dtype
+        .parse()
+        .map_err(|e| format!("--mamba-ssm-cache-dtype: {e}"))?;
     let pb = if std::io::stderr().is_terminal() {
         let pb = ProgressBar::new(0);
         pb.set_style(

@@ -394,6 +394,57 @@ fn ssm_step<F: HostPrimitive, I: HostPrimitive>(
     )
 }
 
+/// [`ssm_step`] over a bf16 pool: its words decoded to f32, the f32 step, the new state rounded
+/// back (rows no slot names round-trip unchanged).
+#[allow(clippy::too_many_arguments)]
+fn ssm_step_bf16<F: HostPrimitive, I: HostPrimitive>(
+    xbc: F,
+    dt: F,
+    dt_bias: F,
+    a: F,
+    d: F,
+    pool: I,
+    slots: I,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (F, I) {
+    let ws = pool.dims();
+    let values = reference::bf16_values(&pool.bytes());
+    let shape = vec![ws[0], ws[1], ws[2], 2 * ws[3]];
+    let (y, p) = ssm_step(
+        xbc,
+        dt,
+        dt_bias,
+        a,
+        d,
+        from_floats::<F>(values, shape),
+        slots,
+        dims,
+        dt_min,
+    );
+    (y, words(&reference::bf16_bytes(&p.floats().0), ws))
+}
+
+fn write_slots_bf16<F: HostPrimitive, I: HostPrimitive>(pool: I, src: F, slots: I) -> I {
+    let ps = pool.dims();
+    let mut codes = pool.bytes().into_owned();
+    let (sv, ss) = src.floats();
+    let (a, m, c, l) = (ps[1], ps[2], 2 * ps[3], ss[2]);
+    for (b, slot) in slots.ints().into_iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..l {
+                let dst = 2 * ((slot as usize * a + ai) * m + li) * c;
+                let from = &sv[((b * a + ai) * l + li) * c..][..c];
+                codes[dst..dst + 2 * c].copy_from_slice(&reference::bf16_bytes(from));
+            }
+        }
+    }
+    words(&codes, ps)
+}
+
 #[allow(clippy::too_many_arguments)]
 /// The fused-row form: each row's `q | k | v` split on the host, then [`attention_step`]'s
 /// reference.
@@ -849,6 +900,36 @@ macro_rules! host_backend {
                 let (y, sp) = ssm_step(xbc, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
                 (y, cp, sp)
             }
+            fn conv_ssm_step_bf16(
+                xbc: burn::backend::tensor::FloatTensor<Self>,
+                dt: burn::backend::tensor::FloatTensor<Self>,
+                conv_weight: burn::backend::tensor::FloatTensor<Self>,
+                conv_bias: Maybe<Self>,
+                dt_bias: burn::backend::tensor::FloatTensor<Self>,
+                a: burn::backend::tensor::FloatTensor<Self>,
+                d: burn::backend::tensor::FloatTensor<Self>,
+                conv_pool: burn::backend::tensor::FloatTensor<Self>,
+                ssm_pool: burn::backend::tensor::IntTensor<Self>,
+                lens: burn::backend::tensor::IntTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+                dims: ScanDims,
+                dt_min: Option<f32>,
+            ) -> (
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::FloatTensor<Self>,
+                burn::backend::tensor::IntTensor<Self>,
+            ) {
+                let (xbc, cp) = conv_step(
+                    xbc,
+                    conv_weight,
+                    conv_bias.into_option(),
+                    conv_pool,
+                    lens,
+                    slots.clone(),
+                );
+                let (y, sp) = ssm_step_bf16(xbc, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
+                (y, cp, sp)
+            }
             fn ssm_step(
                 xbc: burn::backend::tensor::FloatTensor<Self>,
                 dt: burn::backend::tensor::FloatTensor<Self>,
@@ -929,6 +1010,13 @@ macro_rules! host_backend {
                 scale: f32,
             ) -> burn::backend::tensor::IntTensor<Self> {
                 write_slots8(pool, src, slots, scale)
+            }
+            fn write_slots_bf16(
+                pool: burn::backend::tensor::IntTensor<Self>,
+                src: burn::backend::tensor::FloatTensor<Self>,
+                slots: burn::backend::tensor::IntTensor<Self>,
+            ) -> burn::backend::tensor::IntTensor<Self> {
+                write_slots_bf16(pool, src, slots)
             }
             fn argmax_rows(
                 x: burn::backend::tensor::FloatTensor<Self>,

@@ -411,6 +411,28 @@ pub trait NemotronOps: Backend {
         dt_min: Option<f32>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
+    /// [`Self::conv_ssm_step`] over a bf16 SSM state (vLLM's `--mamba-ssm-cache-dtype
+    /// bfloat16`; HF transformers keeps the state in the model dtype): `ssm_pool`
+    /// `[S, H, P, N/2]` I32 words, each two bf16 (element `2w` in the low half), `N` even. The
+    /// step computes in f32 from the stored values, `y` from the f32 new state, and stores that
+    /// state rounded to the nearest bf16 (ties to even). Returns `(y, conv pool, ssm pool)`.
+    #[allow(clippy::too_many_arguments)]
+    fn conv_ssm_step_bf16(
+        xbc: FloatTensor<Self>,
+        dt: FloatTensor<Self>,
+        conv_weight: FloatTensor<Self>,
+        #[extension_type] conv_bias: Maybe<Self>,
+        dt_bias: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        d: FloatTensor<Self>,
+        conv_pool: FloatTensor<Self>,
+        ssm_pool: IntTensor<Self>,
+        lens: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, IntTensor<Self>);
+
     /// The selective scan for one token per row, reading its inputs where the conv step left
     /// them: `xbc` `[B, H·P + 2·G·N]` = `x | B | C` (`dims`), `dt` `[B, H]` raw — the op applies
     /// `softplus(dt + dt_bias)`, floored at `dt_min` where given, rounded to the activation dtype
@@ -503,6 +525,16 @@ pub trait NemotronOps: Backend {
         src: FloatTensor<Self>,
         slots: IntTensor<Self>,
         scale: f32,
+    ) -> IntTensor<Self>;
+
+    /// `pool[slots[b], a, l, :]` = the bf16 words of `src[b, a, l, :]` (each value rounded to
+    /// nearest even, two a word as in [`Self::conv_ssm_step_bf16`]) for every `l < L` and every
+    /// row with `slots[b] ≥ 0` (`pool` `[S, A, M, C/2]` I32, `src` `[B, A, L, C]`, `L ≤ M`), in
+    /// place: prefilled SSM states entering a bf16 state pool. Returns `pool`.
+    fn write_slots_bf16(
+        pool: IntTensor<Self>,
+        src: FloatTensor<Self>,
+        slots: IntTensor<Self>,
     ) -> IntTensor<Self>;
 
     /// Each row's arg-max over `x` `[B, V]` (the lowest index on ties; NaN never wins): `[B]`

@@ -622,6 +622,104 @@ pub fn conv_ssm_step(
     dims: ScanDims,
     dt_min: Option<f32>,
 ) -> (Tensor<3>, Tensor<3>, Tensor<4>) {
+    let [ss, ph, pp, pn] = ssm_pool.dims();
+    check_conv_ssm(
+        &xbc,
+        &dt,
+        &w,
+        &conv_pool,
+        [ss, ph, pp, pn],
+        lens,
+        slots,
+        dims,
+    );
+    assert_eq!(
+        ssm_pool.dtype(),
+        DType::F32,
+        "conv_ssm_step: the SSM state is f32"
+    );
+    let bias: Maybe<D> = w.conv_bias.map(|b| b.clone().into_dispatch()).into();
+    let (y, cp, sp) = <D as NemotronOps>::conv_ssm_step(
+        xbc.into_dispatch(),
+        dt.into_dispatch(),
+        w.conv_weight.clone().into_dispatch(),
+        bias,
+        w.dt_bias.clone().into_dispatch(),
+        w.a.clone().into_dispatch(),
+        w.d.clone().into_dispatch(),
+        conv_pool.into_dispatch(),
+        ssm_pool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        dims,
+        dt_min,
+    );
+    (out(y), out(cp), out(sp))
+}
+
+/// [`conv_ssm_step`] over a bf16 SSM state (see [`NemotronOps::conv_ssm_step_bf16`]):
+/// `ssm_pool` `[S, H, P, N/2]` I32 words of bf16 pairs, `N` even, updated in place.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_ssm_step_bf16(
+    xbc: Tensor<2>,
+    dt: Tensor<2>,
+    w: MambaStepWeights<'_>,
+    conv_pool: Tensor<3>,
+    ssm_pool: Tensor<4, Int>,
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (Tensor<3>, Tensor<3>, Tensor<4, Int>) {
+    let [ss, ph, pp, pw] = ssm_pool.dims();
+    assert!(
+        dims.state.is_multiple_of(2) && ssm_pool.dtype() == DType::I32,
+        "conv_ssm_step_bf16: the pool holds I32 words of bf16 pairs, so the state size {} must \
+         be even",
+        dims.state
+    );
+    check_conv_ssm(
+        &xbc,
+        &dt,
+        &w,
+        &conv_pool,
+        [ss, ph, pp, 2 * pw],
+        lens,
+        slots,
+        dims,
+    );
+    let bias: Maybe<D> = w.conv_bias.map(|b| b.clone().into_dispatch()).into();
+    let (y, cp, sp) = <D as NemotronOps>::conv_ssm_step_bf16(
+        xbc.into_dispatch(),
+        dt.into_dispatch(),
+        w.conv_weight.clone().into_dispatch(),
+        bias,
+        w.dt_bias.clone().into_dispatch(),
+        w.a.clone().into_dispatch(),
+        w.d.clone().into_dispatch(),
+        conv_pool.into_dispatch(),
+        ssm_pool.into_dispatch(),
+        lens.clone().into_dispatch(),
+        slots.clone().into_dispatch(),
+        dims,
+        dt_min,
+    );
+    (out(y), out(cp), Tensor::from_dispatch(sp))
+}
+
+/// The shapes [`conv_ssm_step`] and [`conv_ssm_step_bf16`] take; `ssm` is the pool's shape in
+/// state values.
+#[allow(clippy::too_many_arguments)]
+fn check_conv_ssm(
+    xbc: &Tensor<2>,
+    dt: &Tensor<2>,
+    w: &MambaStepWeights<'_>,
+    conv_pool: &Tensor<3>,
+    ssm: [usize; 4],
+    lens: &Tensor<1, Int>,
+    slots: &Tensor<1, Int>,
+    dims: ScanDims,
+) {
     let ScanDims {
         heads: h,
         head_dim: p,
@@ -647,35 +745,12 @@ pub fn conv_ssm_step(
     for (name, t) in [("dt_bias", w.dt_bias), ("a", w.a), ("d", w.d)] {
         assert_eq!(t.dims(), [h], "conv_ssm_step: {name} for {h} heads");
     }
-    let [ss, ph, pp, pn] = ssm_pool.dims();
     assert!(
-        ss == s && ph == h && pp == p && pn == n,
-        "conv_ssm_step: ssm pool shape"
-    );
-    assert_eq!(
-        ssm_pool.dtype(),
-        DType::F32,
-        "conv_ssm_step: the SSM state is f32"
+        ssm == [s, h, p, n],
+        "conv_ssm_step: ssm pool {ssm:?} (in state values) for [{s}, {h}, {p}, {n}]"
     );
     assert_eq!(slots.dims(), [rows], "conv_ssm_step: one slot per row");
     assert_eq!(lens.dims(), [s], "conv_ssm_step: one length per slot");
-    let bias: Maybe<D> = w.conv_bias.map(|b| b.clone().into_dispatch()).into();
-    let (y, cp, sp) = <D as NemotronOps>::conv_ssm_step(
-        xbc.into_dispatch(),
-        dt.into_dispatch(),
-        w.conv_weight.clone().into_dispatch(),
-        bias,
-        w.dt_bias.clone().into_dispatch(),
-        w.a.clone().into_dispatch(),
-        w.d.clone().into_dispatch(),
-        conv_pool.into_dispatch(),
-        ssm_pool.into_dispatch(),
-        lens.clone().into_dispatch(),
-        slots.clone().into_dispatch(),
-        dims,
-        dt_min,
-    );
-    (out(y), out(cp), out(sp))
 }
 
 /// The selective scan for one token per row over slot states, straight from the conv step's
@@ -837,6 +912,27 @@ pub fn write_slots8(
         src.into_dispatch(),
         slots.clone().into_dispatch(),
         scale,
+    ))
+}
+
+/// `pool[slots[b], a, l, :]` = the bf16 words of `src[b, a, l, :]` (`pool` `[S, A, M, C/2]`
+/// I32, `src` `[B, A, L, C]`, rows with a negative slot skipped): see
+/// [`NemotronOps::write_slots_bf16`]. Shapes are checked here; the slots are the caller's.
+pub fn write_slots_bf16(
+    pool: Tensor<4, Int>,
+    src: Tensor<4>,
+    slots: &Tensor<1, Int>,
+) -> Tensor<4, Int> {
+    let ([s, a, m, w], [b, sa, l, c]) = (pool.dims(), src.dims());
+    assert!(
+        pool.dtype() == DType::I32 && sa == a && c == 2 * w && l <= m && slots.dims() == [b],
+        "write_slots_bf16: src [{b}, {sa}, {l}, {c}] ({} slots) into [{s}, {a}, {m}, {w}] words",
+        slots.dims()[0]
+    );
+    Tensor::from_dispatch(<D as NemotronOps>::write_slots_bf16(
+        pool.into_dispatch(),
+        src.into_dispatch(),
+        slots.clone().into_dispatch(),
     ))
 }
 

@@ -559,6 +559,23 @@ pub fn attention_step(
     o
 }
 
+/// The values of a bf16 SSM pool's bytes (little-endian bf16, element `2w` in the low half of
+/// word `w`): each exactly as f32.
+pub fn bf16_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+        .collect()
+}
+
+/// The bytes of `v` stored as a bf16 SSM pool: each value rounded to the nearest bf16, ties to
+/// even (`half`'s conversion, as torch's `.to(torch.bfloat16)`).
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes())
+        .collect()
+}
+
 /// The E4M3 code an FP8 KV cache stores for `x` under `scale`: `e4m3(x / scale)`, round to
 /// nearest even, saturating at ±448 (the format crate's encoder, checked against torch's cast).
 pub fn kv8_code(x: f32, scale: f32) -> u8 {

@@ -83,12 +83,54 @@ impl std::fmt::Display for KvCacheDtype {
     }
 }
 
+/// How slot states hold the Mamba layers' SSM state (vLLM's `--mamba-ssm-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SsmCacheDtype {
+    /// f32 whatever the activation dtype (the reference: the state carries a long prompt's
+    /// history, and f32 keeps its rounding out of the decode).
+    #[default]
+    F32,
+    /// bf16, two to an I32 word: half the bytes a decode step reads and writes (at batch 256
+    /// the state is the step's largest traffic after the weights). The step computes in f32 and
+    /// rounds the new state to nearest even, as HF transformers' and `mamba_ssm`'s bf16 caches
+    /// store it. Prefill runs in f32 as before; its final state is rounded as it enters a slot.
+    Bf16,
+}
+
+impl std::str::FromStr for SsmCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "float32" | "f32" => Ok(SsmCacheDtype::F32),
+            "bfloat16" | "bf16" => Ok(SsmCacheDtype::Bf16),
+            other => Err(format!(
+                "SSM cache dtype `{other}`: expected `float32` (the default) or `bfloat16`"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for SsmCacheDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SsmCacheDtype::F32 => "float32",
+            SsmCacheDtype::Bf16 => "bfloat16",
+        })
+    }
+}
+
 /// One layer's share of the slot pools.
 #[derive(Debug, Clone)]
 pub enum SlotLayer {
     Mamba {
         conv: Tensor<3>,
         ssm: Tensor<4>,
+    },
+    /// A bf16 SSM state ([`SsmCacheDtype::Bf16`]): `ssm` `[S, H, P, N/2]` I32 words, two bf16
+    /// each (element `2w` in the low half).
+    Mamba16 {
+        conv: Tensor<3>,
+        ssm: Tensor<4, Int>,
     },
     Attention {
         k: Tensor<4>,
@@ -137,6 +179,9 @@ impl SlotState {
             .iter()
             .map(|l| match l {
                 SlotLayer::Mamba { conv, ssm } => size(conv) + size4(ssm),
+                SlotLayer::Mamba16 { conv, ssm } => {
+                    size(conv) + ssm.shape().num_elements() * ssm.dtype().size()
+                }
                 SlotLayer::Attention { k, v } => size4(k) + size4(v),
                 SlotLayer::Attention8 { k, v } => {
                     let words = |t: &Tensor<4, Int>| t.shape().num_elements() * t.dtype().size();

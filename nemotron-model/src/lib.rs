@@ -32,7 +32,7 @@ pub mod slots;
 mod util;
 
 pub use cache::SlotState;
-pub use cache::{KvCacheDtype, SequenceState};
+pub use cache::{KvCacheDtype, SequenceState, SsmCacheDtype};
 pub use deviation::Deviations;
 pub use engine::{Engine, EngineOptions, Event, RequestId, SlotMemory, MAX_SLOTS};
 pub use error::ModelError;

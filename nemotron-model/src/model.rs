@@ -1,6 +1,6 @@
 //! The NemotronH stack: embeddings → blocks → `norm_f` → `lm_head`, built from a loaded checkpoint.
 
-use crate::cache::{BatchLayer, KvCacheDtype, SequenceState};
+use crate::cache::{BatchLayer, KvCacheDtype, SequenceState, SsmCacheDtype};
 use crate::error::ModelError;
 use crate::layers::block::{Block, Mixer};
 use crate::layers::fold::{fold_refusal, SharedExpert};
@@ -35,6 +35,8 @@ pub struct NemotronH {
     device: Device,
     /// How slot states hold keys and values ([`Self::with_kv_cache`]).
     kv_cache: KvCacheDtype,
+    /// How slot states hold the SSM state ([`Self::with_ssm_cache`]).
+    ssm_cache: SsmCacheDtype,
 }
 
 /// The activation dtypes the model runs in.
@@ -183,6 +185,7 @@ impl NemotronH {
             report: Some(report),
             device: dev.clone(),
             kv_cache: KvCacheDtype::Auto,
+            ssm_cache: SsmCacheDtype::F32,
         })
     }
 
@@ -213,6 +216,37 @@ impl NemotronH {
     /// How slot states hold keys and values.
     pub fn kv_cache(&self) -> KvCacheDtype {
         self.kv_cache
+    }
+
+    /// This model with slot states ([`Self::new_slots`], so the engine, the generator and the
+    /// server) holding the Mamba layers' SSM state as `ssm` says. The ragged forward over
+    /// [`crate::SequenceState`]s (prefill, and the reference path) keeps it in f32; a prefilled
+    /// state is rounded as it enters its slot. A bf16 state is refused, by layer, where the state
+    /// size is odd (two values to a word).
+    pub fn with_ssm_cache(mut self, ssm: SsmCacheDtype) -> Result<Self, ModelError> {
+        if ssm == SsmCacheDtype::Bf16 {
+            for (i, b) in self.layers.iter().enumerate() {
+                if let Mixer::Mamba(m) = b.mixer() {
+                    if !m.state_size().is_multiple_of(2) {
+                        return Err(ModelError::Unsupported {
+                            tensor: format!("backbone.layers.{i}.mixer"),
+                            reason: format!(
+                                "a bf16 SSM cache packs two values to a word: the state size \
+                                 {} is odd",
+                                m.state_size()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        self.ssm_cache = ssm;
+        Ok(self)
+    }
+
+    /// How slot states hold the SSM state.
+    pub fn ssm_cache(&self) -> SsmCacheDtype {
+        self.ssm_cache
     }
 
     pub fn device(&self) -> &Device {

@@ -19,11 +19,12 @@ impl NemotronH {
     /// Device bytes one slot of `capacity` tokens takes (every layer's pools and its length):
     /// what [`Self::new_slots`] allocates per slot, so an engine can size its slots from a
     /// memory budget ([`crate::EngineOptions::for_memory`]). An FP8 KV cache
-    /// ([`Self::with_kv_cache`]) takes half the KV bytes of bf16.
+    /// ([`Self::with_kv_cache`]) takes half the KV bytes of bf16, a bf16 SSM cache
+    /// ([`Self::with_ssm_cache`]) half the SSM bytes of f32.
     pub fn slot_bytes(&self, capacity: usize) -> usize {
         self.layers()
             .iter()
-            .map(|b| b.slot_bytes(capacity, self.dtype(), self.kv_cache()))
+            .map(|b| b.slot_bytes(capacity, self.dtype(), self.kv_cache(), self.ssm_cache()))
             .sum::<usize>()
             + DType::I32.size()
     }
@@ -49,7 +50,16 @@ impl NemotronH {
         let layers = self
             .layers()
             .iter()
-            .map(|b| b.new_slots(slots, capacity, dev, self.dtype(), self.kv_cache()))
+            .map(|b| {
+                b.new_slots(
+                    slots,
+                    capacity,
+                    dev,
+                    self.dtype(),
+                    self.kv_cache(),
+                    self.ssm_cache(),
+                )
+            })
             .collect();
         Ok(SlotState {
             layers,
@@ -82,16 +92,27 @@ impl NemotronH {
                 context: st.capacity,
             });
         }
+        let ring = |conv: &mut Tensor<3>, c: &Tensor<2>| {
+            *conv = ops::write_slot(
+                conv.clone().unsqueeze_dim::<4>(3),
+                conv_ring(c.clone(), seq.position).unsqueeze_dim(2),
+                slot,
+            )
+            .squeeze_dim(3);
+        };
         for (l, (pools, state)) in st.layers.iter_mut().zip(&seq.layers).enumerate() {
             match (pools, state) {
                 (SlotLayer::Mamba { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
-                    *conv = ops::write_slot(
-                        conv.clone().unsqueeze_dim::<4>(3),
-                        conv_ring(c.clone(), seq.position).unsqueeze_dim(2),
-                        slot,
-                    )
-                    .squeeze_dim(3);
+                    ring(conv, c);
                     *ssm = ops::write_slot(ssm.clone(), s.clone(), slot);
+                }
+                (SlotLayer::Mamba16 { conv, ssm }, LayerState::Mamba { conv: c, ssm: s }) => {
+                    ring(conv, c);
+                    let one = Tensor::<1, Int>::from_data(
+                        TensorData::new(vec![slot as i32], [1]),
+                        (self.device(), DType::I32),
+                    );
+                    *ssm = ops::write_slots_bf16(ssm.clone(), s.clone().unsqueeze_dim(0), &one);
                 }
                 (SlotLayer::Attention { k, v }, st) => {
                     if let Some((ks, vs)) = Attention::prefix(st) {
@@ -166,27 +187,34 @@ impl NemotronH {
         let slot_t = ints(slots.iter().map(|&s| s as i32).collect());
         let zero_t = ints(vec![0; b]);
         let mut ring_t = None;
+        // `[state | 0]` column `j` of a sequence of `len` tokens belongs at ring entry
+        // `(len + 1 + j) mod K` (`conv_ring`).
+        let mut ring = |conv: &mut Tensor<3>, c: Tensor<3>| {
+            let k = conv.dims()[2];
+            let rot = ring_t
+                .get_or_insert_with(|| {
+                    ints(tokens.iter().map(|t| ((t.len() + 1) % k) as i32).collect())
+                })
+                .clone();
+            *conv = ops::write_slots(
+                conv.clone().unsqueeze_dim::<4>(3),
+                c.unsqueeze_dim(3),
+                &slot_t,
+                &rot,
+                k,
+            )
+            .squeeze_dim(3);
+        };
         for (l, (pools, kept)) in st.layers.iter_mut().zip(kept).enumerate() {
             match (pools, kept) {
                 (SlotLayer::Mamba { conv, ssm }, Some(BatchLayer::Mamba { conv: c, ssm: s })) => {
-                    let k = conv.dims()[2];
-                    // `[state | 0]` column `j` of a sequence of `len` tokens belongs at ring entry
-                    // `(len + 1 + j) mod K` (`conv_ring`).
-                    let rot = ring_t
-                        .get_or_insert_with(|| {
-                            ints(tokens.iter().map(|t| ((t.len() + 1) % k) as i32).collect())
-                        })
-                        .clone();
-                    *conv = ops::write_slots(
-                        conv.clone().unsqueeze_dim::<4>(3),
-                        c.unsqueeze_dim(3),
-                        &slot_t,
-                        &rot,
-                        k,
-                    )
-                    .squeeze_dim(3);
+                    ring(conv, c);
                     let p = ssm.dims()[2];
                     *ssm = ops::write_slots(ssm.clone(), s, &slot_t, &zero_t, p);
+                }
+                (SlotLayer::Mamba16 { conv, ssm }, Some(BatchLayer::Mamba { conv: c, ssm: s })) => {
+                    ring(conv, c);
+                    *ssm = ops::write_slots_bf16(ssm.clone(), s, &slot_t);
                 }
                 (SlotLayer::Attention { k, v }, Some(BatchLayer::Attention { k: kb, v: vb })) => {
                     let t = kb.dims()[2];

@@ -46,8 +46,8 @@ pub mod worker;
 use axum::routing::{get, post};
 use axum::Router;
 use metrics::Metrics;
-pub use nemotron::model::KvCacheDtype;
 use nemotron::model::{EngineOptions, SlotMemory};
+pub use nemotron::model::{KvCacheDtype, SsmCacheDtype};
 use nemotron::{ChatTemplate, GenerationDefaults, TextModel, Tokenizer};
 use state::AppState;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -89,6 +89,9 @@ pub struct ServerOptions {
     /// codes with the checkpoint's scales (half the KV bytes; refused by name where a layer
     /// cannot hold it).
     pub kv_cache: KvCacheDtype,
+    /// How the slots hold the Mamba layers' SSM state (`--mamba-ssm-cache-dtype`): f32, or bf16
+    /// (half the state bytes; refused by name where a layer's state size is odd).
+    pub ssm_cache: SsmCacheDtype,
 }
 
 impl ServerOptions {
@@ -103,6 +106,7 @@ impl ServerOptions {
             step_tokens: 0,
             prefill_chunk: 0,
             kv_cache: KvCacheDtype::Auto,
+            ssm_cache: SsmCacheDtype::F32,
         }
     }
 }
@@ -354,7 +358,11 @@ fn engine_thread<F>(
         Ok(tm) => tm,
         Err(e) => return fail(e.into()),
     };
-    tm.model = match tm.model.with_kv_cache(opts.kv_cache) {
+    tm.model = match tm
+        .model
+        .with_kv_cache(opts.kv_cache)
+        .and_then(|m| m.with_ssm_cache(opts.ssm_cache))
+    {
         Ok(m) => m,
         Err(e) => return fail(ServerError::Load(e.into())),
     };

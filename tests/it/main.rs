@@ -16,3 +16,4 @@ mod imports;
 mod kv8;
 mod loadtest;
 mod slots;
+mod ssm16;

@@ -22,6 +22,7 @@
 // The kernel families are crate-private: [`plans`] is what callers outside may read and set.
 pub(crate) mod argmax;
 pub(crate) mod attention;
+pub(crate) mod bf16;
 pub(crate) mod bf16_mma;
 pub(crate) mod buffers;
 pub(crate) mod kv8;
@@ -272,34 +273,50 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         dims: ScanDims,
         dt_min: Option<f32>,
     ) -> (T<R>, T<R>, T<R>) {
-        // Fused up to FUSED_CONV_MAX_ROWS rows only: every (p-block, head) cube recomputes its
-        // group's conv taps, which costs more than the saved launch once rows grow.
-        if !fused() || xbc.meta.shape()[0] > fused_conv_max_rows() {
-            let (x, cp) = mamba::step::conv_launch(
-                xbc,
-                conv_weight,
-                conv_bias,
-                conv_pool,
-                lens,
-                slots.clone(),
-            );
-            let (y, sp) =
-                mamba::step::ssm_launch(x, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
-            return (y, cp, sp);
-        }
-        mamba::step::conv_ssm_launch(
+        conv_ssm(
             xbc,
             dt,
-            mamba::step::ConvIn {
-                weight: conv_weight,
-                bias: conv_bias,
-                pool: conv_pool,
-                lens,
-            },
+            conv_weight,
+            conv_bias,
             dt_bias,
             a,
             d,
+            conv_pool,
             ssm_pool,
+            lens,
+            slots,
+            dims,
+            dt_min,
+        )
+    }
+
+    fn conv_ssm_step_bf16(
+        xbc: T<R>,
+        dt: T<R>,
+        conv_weight: T<R>,
+        conv_bias: Maybe<Self>,
+        dt_bias: T<R>,
+        a: T<R>,
+        d: T<R>,
+        conv_pool: T<R>,
+        ssm_pool: T<R>,
+        lens: T<R>,
+        slots: T<R>,
+        dims: ScanDims,
+        dt_min: Option<f32>,
+    ) -> (T<R>, T<R>, T<R>) {
+        // The launches read the pool's dtype: I32 words are the bf16 state.
+        conv_ssm(
+            xbc,
+            dt,
+            conv_weight,
+            conv_bias,
+            dt_bias,
+            a,
+            d,
+            conv_pool,
+            ssm_pool,
+            lens,
             slots,
             dims,
             dt_min,
@@ -369,6 +386,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
 
     fn write_slots8(pool: T<R>, src: T<R>, slots: T<R>, scale: f32) -> T<R> {
         slots::write_many8_launch(pool, src, slots, scale)
+    }
+
+    fn write_slots_bf16(pool: T<R>, src: T<R>, slots: T<R>) -> T<R> {
+        slots::write_many_bf16_launch(pool, src, slots)
     }
 
     fn attention_prefill(
@@ -555,4 +576,48 @@ pub fn is_cube(device: &burn::tensor::Device) -> bool {
         #[allow(unreachable_patterns)]
         _ => false,
     }
+}
+
+/// [`NemotronOps::conv_ssm_step`] (and its bf16-state form: the pool's dtype tells them apart).
+#[allow(clippy::too_many_arguments)]
+fn conv_ssm<R: CubeRuntime>(
+    xbc: T<R>,
+    dt: T<R>,
+    conv_weight: T<R>,
+    conv_bias: Maybe<CubeBackend<R>>,
+    dt_bias: T<R>,
+    a: T<R>,
+    d: T<R>,
+    conv_pool: T<R>,
+    ssm_pool: T<R>,
+    lens: T<R>,
+    slots: T<R>,
+    dims: ScanDims,
+    dt_min: Option<f32>,
+) -> (T<R>, T<R>, T<R>) {
+    // Fused up to FUSED_CONV_MAX_ROWS rows only: every (p-block, head) cube recomputes its
+    // group's conv taps, which costs more than the saved launch once rows grow.
+    if !fused() || xbc.meta.shape()[0] > fused_conv_max_rows() {
+        let (x, cp) =
+            mamba::step::conv_launch(xbc, conv_weight, conv_bias, conv_pool, lens, slots.clone());
+        let (y, sp) = mamba::step::ssm_launch(x, dt, dt_bias, a, d, ssm_pool, slots, dims, dt_min);
+        return (y, cp, sp);
+    }
+    mamba::step::conv_ssm_launch(
+        xbc,
+        dt,
+        mamba::step::ConvIn {
+            weight: conv_weight,
+            bias: conv_bias,
+            pool: conv_pool,
+            lens,
+        },
+        dt_bias,
+        a,
+        d,
+        ssm_pool,
+        slots,
+        dims,
+        dt_min,
+    )
 }

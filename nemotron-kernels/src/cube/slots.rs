@@ -8,7 +8,10 @@
 //!   M, c] = src[b, a, l, c]` (zero past `L`), the units over the folded grid.
 //! - write many into an FP8 KV cache: one unit per word of four codes, `pool[slots[b], a, l,
 //!   w] = codes of src[b, a, l, 4w .. 4w + 4] / scale` ([`super::kv8`]).
+//! - write many into a bf16 SSM state: one unit per word of two bf16, `pool[slots[b], a, l, w]
+//!   = src[b, a, l, 2w] | src[b, a, l, 2w + 1] << 16`, each rounded to nearest even.
 
+use super::bf16::bf16_word;
 use super::buffers::{arg, contiguous_as, elemwise, float_buf, i32_buf, with_float};
 use super::kv8::kv_word;
 use burn_cubecl::tensor::CubeTensor;
@@ -272,6 +275,82 @@ pub fn write_many8_launch<R: CubeRuntime>(
                 ss[2] as u32,
                 ps[3] as u32,
                 scale,
+            )
+        };
+    }
+    with_float!(dtype, go);
+    pool
+}
+
+/// Words of bf16 pairs for a batch of sequences' states: unit `i` = `((b · A + a) · L + l) · W +
+/// w` over `src` `[B, A, L, 2W]`, into `pool` `[S, A, M, W]` (rows with a negative slot skipped).
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn write_slots_bf16_kernel<F: Float>(
+    src: &[F],
+    pool: &mut [u32],
+    slots: &[i32],
+    total: u32,
+    a_dim: u32,
+    m_dim: u32,
+    l_dim: u32,
+    w_dim: u32,
+) {
+    let i = ABSOLUTE_POS;
+    if i >= total as usize {
+        terminate!();
+    }
+    let (a, m, l, w) = (
+        a_dim as usize,
+        m_dim as usize,
+        l_dim as usize,
+        w_dim as usize,
+    );
+    let wi = i % w;
+    let li = (i / w) % l;
+    let ai = (i / (w * l)) % a;
+    let b = i / (w * l * a);
+    let slot = slots[b];
+    if slot >= 0 {
+        pool[((slot as usize * a + ai) * m + li) * w + wi] =
+            bf16_word(f32::cast_from(src[2 * i]), f32::cast_from(src[2 * i + 1]));
+    }
+}
+
+/// [`write_slots_bf16_kernel()`]'s launch: `pool` `[S, A, M, W]` I32 words, `src` `[B, A, L, 2W]`.
+pub fn write_many_bf16_launch<R: CubeRuntime>(
+    pool: CubeTensor<R>,
+    src: CubeTensor<R>,
+    slots: CubeTensor<R>,
+) -> CubeTensor<R> {
+    assert!(
+        pool.is_contiguous() && pool.dtype == burn::tensor::DType::I32,
+        "write_slots_bf16: the pool must be contiguous I32 words"
+    );
+    let src = float_buf(src);
+    let slots = i32_buf(slots);
+    let ps = pool.meta.shape().clone();
+    let ss = src.meta.shape().clone();
+    let total = ss[0] * ss[1] * ss[2] * ps[3];
+    if total == 0 {
+        return pool;
+    }
+    let (count, dim) = elemwise(total);
+    let dtype = src.dtype;
+    macro_rules! go {
+        ($t:ty) => {
+            write_slots_bf16_kernel::launch::<$t, R>(
+                &pool.client,
+                count,
+                dim,
+                arg(&src),
+                arg(&pool),
+                arg(&slots),
+                total as u32,
+                ps[1] as u32,
+                ps[2] as u32,
+                ss[2] as u32,
+                ps[3] as u32,
             )
         };
     }

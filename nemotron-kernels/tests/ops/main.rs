@@ -825,4 +825,6 @@ arms! {
     write_slots => slots::write_slots_match,
     attention_step_kv8 => slots::attention_step_kv8_matches,
     write_slots8 => slots::write_slots8_match,
+    conv_ssm_step_bf16 => slots::conv_ssm_step_bf16_matches,
+    write_slots_bf16 => slots::write_slots_bf16_match,
 }

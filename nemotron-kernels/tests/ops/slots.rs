@@ -645,3 +645,219 @@ pub fn write_slots8_match(arm: &Arm) {
     assert_eq!(hp, want, "write_slots8 (host)");
     assert_eq!(gbefore, gp, "write_slots8 in place");
 }
+
+/// bf16 pairs as I32 words (element `2w` in the low half), by `half`'s round-to-nearest-even
+/// (torch's `.to(torch.bfloat16)`): the format's definition, written here apart from the crate.
+fn bf16_words(v: &[f32]) -> Vec<i32> {
+    v.chunks(2)
+        .map(|p| {
+            let lo = half::bf16::from_f32(p[0]).to_bits() as u32;
+            let hi = half::bf16::from_f32(p[1]).to_bits() as u32;
+            (lo | hi << 16) as i32
+        })
+        .collect()
+}
+
+fn bf16_of_words(w: &[i64]) -> Vec<f32> {
+    w.iter()
+        .flat_map(|&w| {
+            let w = w as u32;
+            [f32::from_bits(w << 16), f32::from_bits(w & 0xFFFF_0000)]
+        })
+        .collect()
+}
+
+/// The decode step over a bf16 SSM state (`conv_ssm_step_bf16`) against the f32-state step of
+/// the same arm started from the same (decoded) state each step: the same `y` (computed from the
+/// f32 new state), and the stored state equal to that step's f32 state rounded to nearest even
+/// by `half` — all but a few words where the two kernels' f32 arithmetic may differ in its last
+/// bit, which may move a value across a rounding boundary (one bf16 ulp; a truncating or
+/// lo/hi-swapped store misses on about half the words or by far more). Over `K + 2` steps, rows
+/// out of slot order, a pad row; states of 16 (the strided word loop), 96 (three values a lane:
+/// the word loop) and 128 (four a lane: registers), fused and as two launches.
+pub fn conv_ssm_step_bf16_matches(arm: &Arm) {
+    for fused_rows in [usize::MAX, 0] {
+        nemotron_kernels::cube::set_fused_conv_max_rows(fused_rows);
+        for n in [16, 96, 128] {
+            conv_ssm_bf16_case(arm, n, fused_rows > 0, true);
+        }
+    }
+    nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
+    // The host reference (its ops return new tensors: not in place).
+    conv_ssm_bf16_case(&Arm::host(), 128, false, false);
+}
+
+fn conv_ssm_bf16_case(arm: &Arm, n: usize, fused: bool, in_place: bool) {
+    let mut rng = Rng::new(19, arm);
+    let (s, h, p, g, k) = (3, 4, 16, 2, 4);
+    let dims = ScanDims {
+        heads: h,
+        head_dim: p,
+        groups: g,
+        state: n,
+    };
+    let width = h * p + 2 * g * n;
+    let rows = [2, -1, 0];
+    let b = rows.len();
+    let cw = arm.t(&rng.vec(width * k, 0.5), [width, k]);
+    let cb = arm.t(&rng.vec(width, 0.5), [width]);
+    let dt_bias = arm.t(&rng.vec(h, 0.5), [h]);
+    let a = arm.t(&(0..h).map(|i| -(1.0 + i as f32)).collect::<Vec<_>>(), [h]);
+    let d = arm.t(&rng.vec(h, 1.0), [h]);
+    let w = ops::MambaStepWeights {
+        conv_weight: &cw,
+        conv_bias: Some(&cb),
+        dt_bias: &dt_bias,
+        a: &a,
+        d: &d,
+    };
+    let cpool0 = rng.vec(s * width * k, 1.0);
+    let words0 = bf16_words(&rng.vec(s * h * p * n, 0.5));
+    let mut words = words4(arm, &words0, [s, h, p, n / 2]);
+    let mut cp = ops::contiguous(arm.t(&cpool0, [s, width, k]));
+    let sl = slots(arm, &rows);
+    let mut lens = vec![3i32, 0, 1];
+    let mut total_off = 0usize;
+    for t in 0..k + 2 {
+        let tag = format!("(n {n}, fused {fused}, step {t}, {:?})", arm.dtype);
+        let ln = slots(arm, &lens);
+        let xbc = rng.vec(b * width, 1.0);
+        let dt: Vec<f32> = rng
+            .vec(b * h, 1.0)
+            .iter()
+            .map(|v| rng.round(v - 3.0))
+            .collect();
+        let held = words_of(words.clone());
+        let f32_pool = ops::contiguous(arm.f32(&bf16_of_words(&held), [s, h, p, n]));
+        let (y32, _, s32) = ops::conv_ssm_step(
+            arm.t(&xbc, [b, width]),
+            arm.t(&dt, [b, h]),
+            ops::MambaStepWeights { ..w },
+            cp.clone(),
+            f32_pool,
+            &ln,
+            &sl,
+            dims,
+            Some(0.04),
+        );
+        // The f32 step wrote its conv ring in place too: the entry it wrote is the one this step
+        // reads no more, and the bf16 step writes the same input there.
+        let before = words.clone();
+        let (y16, cp16, w16) = ops::conv_ssm_step_bf16(
+            arm.t(&xbc, [b, width]),
+            arm.t(&dt, [b, h]),
+            ops::MambaStepWeights { ..w },
+            cp.clone(),
+            words,
+            &ln,
+            &sl,
+            dims,
+            Some(0.04),
+        );
+        let (y32, y16) = (host(y32), host(y16));
+        assert!(
+            y16[h * p..2 * h * p].iter().all(|&v| v == 0.0),
+            "conv_ssm_step_bf16: a pad row is not zero {tag}"
+        );
+        close(
+            &format!("conv_ssm_step_bf16 y {tag}"),
+            &y16,
+            &y32,
+            arm.band.lin,
+        );
+        let got = words_of(w16.clone());
+        assert!(
+            !in_place || got == words_of(before),
+            "conv_ssm_step_bf16: the pool was not written in place {tag}"
+        );
+        let want: Vec<i64> = bf16_words(&host(s32))
+            .into_iter()
+            .map(|w| w as i64)
+            .collect();
+        let slot_words = h * p * n / 2;
+        assert_eq!(
+            got[slot_words..2 * slot_words],
+            held[slot_words..2 * slot_words],
+            "conv_ssm_step_bf16: the slot no row names changed {tag}"
+        );
+        for (i, (&gw, &ww)) in got.iter().zip(&want).enumerate() {
+            if gw == ww {
+                continue;
+            }
+            total_off += 1;
+            for part in 0..2 {
+                let (gv, wv) = (
+                    (gw as u32 >> (16 * part)) & 0xFFFF,
+                    (ww as u32 >> (16 * part)) & 0xFFFF,
+                );
+                assert!(
+                    gv.abs_diff(wv) <= 1,
+                    "conv_ssm_step_bf16: word {i} half {part} holds {gv:#06x} where the f32 \
+                     step rounds to {wv:#06x} {tag}"
+                );
+            }
+        }
+        (cp, words) = (cp16, w16);
+        for &r in &rows {
+            if r >= 0 {
+                lens[r as usize] += 1;
+            }
+        }
+    }
+    let all = (k + 2) * s * h * p * n / 2;
+    assert!(
+        total_off * 100 <= all,
+        "conv_ssm_step_bf16: {total_off} of {all} words differ by an ulp from the f32 step's \
+         rounding (n {n}, fused {fused})"
+    );
+}
+
+/// Prefilled states entering a bf16 state pool (`write_slots_bf16`) against `half`'s rounding:
+/// row 0 into slot 3, row 1 a pad row, row 2 into slot 0, `L` = 4 of `M` = 6 positions, one tie
+/// to even each way and a value past bf16's largest finite; everything else keeps its words.
+pub fn write_slots_bf16_match(arm: &Arm) {
+    let (href, mut rng) = (Arm::host(), Rng::new(23, arm));
+    let (s, a, m, c, b, l) = (5usize, 2usize, 6usize, 8usize, 3usize, 4usize);
+    let slot_ids = [3i32, -1, 0];
+    let held = rng.vec(s * a * m * c, 3.0);
+    let mut want_v: Vec<f32> = bf16_of_words(
+        &bf16_words(&held)
+            .iter()
+            .map(|&w| w as i64)
+            .collect::<Vec<_>>(),
+    );
+    let mut src = rng.vec(b * a * l * c, 3.0);
+    src[0] = f32::from_bits(0x3F80_8000); // halfway between 1.0 and its next bf16: to 1.0
+    src[1] = f32::from_bits(0x3F81_8000); // halfway, odd below: up to 0x3F82
+    src[2] = 3.40e38; // past bf16's largest finite + half an ulp: infinity
+    for (bi, &slot) in slot_ids.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        for ai in 0..a {
+            for li in 0..l {
+                for ci in 0..c {
+                    want_v[((slot as usize * a + ai) * m + li) * c + ci] =
+                        src[((bi * a + ai) * l + li) * c + ci];
+                }
+            }
+        }
+    }
+    let want: Vec<i64> = bf16_words(&want_v).into_iter().map(|w| w as i64).collect();
+    let held_words = bf16_words(&held);
+    let run = |ar: &Arm| {
+        let p = words4(ar, &held_words, [s, a, m, c / 2]);
+        let before = p.clone();
+        let p = ops::write_slots_bf16(p, ar.f32(&src, [b, a, l, c]), &slots(ar, &slot_ids));
+        (words_of(p), words_of(before))
+    };
+    let ((gp, gbefore), (hp, _)) = (run(arm), run(&href));
+    assert_eq!(gp, want, "write_slots_bf16");
+    assert_eq!(hp, want, "write_slots_bf16 (host)");
+    assert_eq!(gbefore, gp, "write_slots_bf16 in place");
+    // Slot 3's first word, and the next: the ties and the overflow as the format defines them.
+    let at = 3 * a * m * c / 2;
+    assert_eq!(want[at] as u32 & 0xFFFF, 0x3F80, "tie to even, down");
+    assert_eq!(want[at] as u32 >> 16, 0x3F82, "tie to even, up");
+    assert_eq!(want[at + 1] as u32 & 0xFFFF, 0x7F80, "overflow to infinity");
+}

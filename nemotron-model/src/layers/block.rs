@@ -1,6 +1,6 @@
 //! A pre-norm residual block with one mixer: `x + mixer(RMSNorm(x))`.
 
-use crate::cache::{BatchLayer, KvCacheDtype, LayerState, SequenceState, SlotLayer};
+use crate::cache::{BatchLayer, KvCacheDtype, LayerState, SequenceState, SlotLayer, SsmCacheDtype};
 use crate::layers::attention::Attention;
 use crate::layers::fold::SharedExpert;
 use crate::layers::mamba2::Mamba2;
@@ -113,9 +113,15 @@ impl Block {
     }
 
     /// Device bytes one slot of `capacity` tokens takes in [`Self::new_slots`]'s pools.
-    pub fn slot_bytes(&self, capacity: usize, dtype: DType, kv: KvCacheDtype) -> usize {
+    pub fn slot_bytes(
+        &self,
+        capacity: usize,
+        dtype: DType,
+        kv: KvCacheDtype,
+        ssm: SsmCacheDtype,
+    ) -> usize {
         match &self.mixer {
-            Mixer::Mamba(m) => m.slot_bytes(),
+            Mixer::Mamba(m) => m.slot_bytes(ssm),
             Mixer::Attention(a) => a.slot_bytes(capacity, dtype, kv),
             Mixer::Moe(_) | Mixer::Mlp(_) => 0,
         }
@@ -129,9 +135,10 @@ impl Block {
         dev: &Device,
         dtype: DType,
         kv: KvCacheDtype,
+        ssm: SsmCacheDtype,
     ) -> SlotLayer {
         match &self.mixer {
-            Mixer::Mamba(m) => m.new_slots(slots),
+            Mixer::Mamba(m) => m.new_slots(slots, ssm),
             Mixer::Attention(a) => a.new_slots(slots, capacity, dev, dtype, kv),
             Mixer::Moe(_) | Mixer::Mlp(_) => SlotLayer::Stateless,
         }

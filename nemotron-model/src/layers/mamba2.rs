@@ -1,7 +1,7 @@
 //! The Mamba2 mixer: in_proj → causal conv + SiLU over `[x|B|C]` → selective scan with D skip →
 //! gated group RMSNorm → out_proj.
 
-use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer};
+use crate::cache::{BatchLayer, LayerState, SequenceState, SlotLayer, SsmCacheDtype};
 use crate::layers::linear::Linear;
 use crate::layers::norm::GatedRmsNorm;
 use crate::util::{float, from_vec};
@@ -109,28 +109,47 @@ impl Mamba2 {
         Ok(())
     }
 
+    /// The SSM state size `N`.
+    pub(crate) fn state_size(&self) -> usize {
+        self.cfg.state_size
+    }
+
     /// Device bytes one slot of [`Self::new_slots`] takes: the conv ring `[C, K]` in the
-    /// activation dtype and the f32 SSM state `[H, P, N]`.
-    pub fn slot_bytes(&self) -> usize {
+    /// activation dtype and the SSM state `[H, P, N]` (f32, or bf16).
+    pub fn slot_bytes(&self, ssm: SsmCacheDtype) -> usize {
         let c = &self.cfg;
+        let state = match ssm {
+            SsmCacheDtype::F32 => DType::F32.size(),
+            SsmCacheDtype::Bf16 => DType::BF16.size(),
+        };
         c.conv_dim() * c.conv_kernel * self.a.dtype().size()
-            + c.num_heads * c.head_dim * c.state_size * DType::F32.size()
+            + c.num_heads * c.head_dim * c.state_size * state
     }
 
     /// Zero state pools for `slots` sequences: the conv ring `[S, C, K]` in the activation
-    /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32.
-    pub fn new_slots(&self, slots: usize) -> SlotLayer {
+    /// dtype (see `NemotronOps::conv_step`), SSM `[S, H, P, N]` f32 (or `[S, H, P, N/2]` I32
+    /// words of bf16 pairs).
+    pub fn new_slots(&self, slots: usize, ssm: SsmCacheDtype) -> SlotLayer {
         let c = &self.cfg;
         let dev = self.a.device();
-        SlotLayer::Mamba {
-            conv: ops::contiguous(Tensor::zeros(
-                [slots, c.conv_dim(), c.conv_kernel],
-                (&dev, self.a.dtype()),
-            )),
-            ssm: ops::contiguous(Tensor::zeros(
-                [slots, c.num_heads, c.head_dim, c.state_size],
-                (&dev, DType::F32),
-            )),
+        let conv = ops::contiguous(Tensor::zeros(
+            [slots, c.conv_dim(), c.conv_kernel],
+            (&dev, self.a.dtype()),
+        ));
+        let shape = [slots, c.num_heads, c.head_dim, c.state_size];
+        match ssm {
+            SsmCacheDtype::F32 => SlotLayer::Mamba {
+                conv,
+                ssm: ops::contiguous(Tensor::zeros(shape, (&dev, DType::F32))),
+            },
+            // Zero words are two bf16 zeros.
+            SsmCacheDtype::Bf16 => SlotLayer::Mamba16 {
+                conv,
+                ssm: ops::contiguous_int(Tensor::zeros(
+                    [shape[0], shape[1], shape[2], shape[3] / 2],
+                    (&dev, DType::I32),
+                )),
+            },
         }
     }
 
@@ -154,9 +173,6 @@ impl Mamba2 {
             c.state_size,
             c.head_dim,
         );
-        let SlotLayer::Mamba { conv: cpool, ssm } = pools else {
-            panic!("a Mamba layer's slots hold {pools:?}")
-        };
         let [z, xbc, dt] = self.in_proj.forward3(h, [i, conv, nh]);
         let xbc: Tensor<2> = xbc.reshape([bsz, conv]);
         let dt: Tensor<2> = dt.reshape([bsz, nh]);
@@ -173,18 +189,39 @@ impl Mamba2 {
             a: &self.a,
             d: &self.d,
         };
-        let (y, cp, sp) = ops::conv_ssm_step(
-            xbc,
-            dt,
-            weights,
-            cpool.clone(),
-            ssm.clone(),
-            lens,
-            slots,
-            dims,
-            self.dt_min,
-        );
-        (*cpool, *ssm) = (cp, sp);
+        let y = match pools {
+            SlotLayer::Mamba { conv: cpool, ssm } => {
+                let (y, cp, sp) = ops::conv_ssm_step(
+                    xbc,
+                    dt,
+                    weights,
+                    cpool.clone(),
+                    ssm.clone(),
+                    lens,
+                    slots,
+                    dims,
+                    self.dt_min,
+                );
+                (*cpool, *ssm) = (cp, sp);
+                y
+            }
+            SlotLayer::Mamba16 { conv: cpool, ssm } => {
+                let (y, cp, sp) = ops::conv_ssm_step_bf16(
+                    xbc,
+                    dt,
+                    weights,
+                    cpool.clone(),
+                    ssm.clone(),
+                    lens,
+                    slots,
+                    dims,
+                    self.dt_min,
+                );
+                (*cpool, *ssm) = (cp, sp);
+                y
+            }
+            other => panic!("a Mamba layer's slots hold {other:?}"),
+        };
         if let Linear::Fp8(w) = &self.out_proj {
             // The gated norm inside `out_proj`'s launch where the backend can.
             let n = &self.norm;

@@ -1,6 +1,10 @@
 //! Decode over state slots: the conv and the selective scan for one token per row, each row's
 //! state in slot `slots[b]` of a pool, updated in place (a negative slot is a pad row: zeros out,
-//! nothing written). Inputs and outputs in the activation storage type `F`, the SSM pool in f32.
+//! nothing written). Inputs and outputs in the activation storage type `F`, the SSM pool in f32
+//! or in bf16 (I32 words of two bf16 each, element `2w` in the low half of word `w`: vLLM's
+//! `--mamba-ssm-cache-dtype bfloat16`, the state HF transformers keeps in a bf16 model; the step
+//! computes in f32 from the stored values, the output from the f32 new state, and stores the new
+//! state rounded to nearest even).
 //!
 //! - conv step: one unit per `(b, c)`: `y = silu(bias + Σ_k<K-1 w[c,k]·S[t−K+1+k] + w[c,K-1]·x)`
 //!   over the channel's ring `S` of `K` entries (time `t` at `t mod K`, `t = lens[slot]`), then
@@ -17,6 +21,7 @@
 //!   channel in the row's lanes (lane 0 writes its ring) — with the conv step's arithmetic and
 //!   its rounding to `F`, so the values are those of the two launches.
 
+use crate::cube::bf16::{bf16_hi, bf16_lo, bf16_word};
 use crate::cube::buffers::{
     arg, contiguous_as, elemwise, empty, float_buf, i32_buf, with_float, yz,
 };
@@ -176,14 +181,14 @@ pub struct ConvIn<R: CubeRuntime> {
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn ssm_step_kernel<F: Float>(
+pub fn ssm_step_kernel<F: Float, P: Numeric>(
     xbc: &[F],
     dt: &[F],
     dt_bias: &[F],
     a: &[F],
     d: &[F],
     slots: &[i32],
-    pool: &mut [f32],
+    pool: &mut [P],
     y: &mut [F],
     cw: &[F],
     cbias: &[F],
@@ -200,8 +205,10 @@ pub fn ssm_step_kernel<F: Float>(
     #[comptime] per: usize,
     #[comptime] conv: usize,
     #[comptime] has_bias: bool,
+    #[comptime] packed: bool,
 ) {
     // `conv > 0`: `xbc` is the raw `in_proj` part and `conv = 2N` (the shared `B | C` tile).
+    // `packed`: `pool` holds u32 words of two bf16 (`P = u32`), else f32 values (`P = f32`).
     let (h, p, g, n) = (
         heads as usize,
         head_dim as usize,
@@ -279,7 +286,69 @@ pub fn ssm_step_kernel<F: Float>(
             xv = f32::cast_from(xbc[xat]);
         }
         let row = ((slot as usize * h + hh) * p + pp) * n;
-        if per > 0 {
+        if packed && per > 0 && per % 2 == 0 {
+            // As below, over words: the lane's `per / 2` words hold elements `2w`, `2w + 1`.
+            let lane = UNIT_POS_X as usize;
+            let lanes = CUBE_DIM_X as usize;
+            let words = comptime!(per / 2);
+            let wrow = row / 2;
+            let mut wd = Array::<u32>::new(words);
+            let mut bv = Array::<f32>::new(per);
+            let mut cv = Array::<f32>::new(per);
+            #[unroll]
+            for j in 0..words {
+                let w = lane + j * lanes;
+                wd[j] = u32::cast_from(pool[wrow + w]);
+                if conv > 0 {
+                    bv[2 * j] = sbc[2 * w];
+                    bv[2 * j + 1] = sbc[2 * w + 1];
+                    cv[2 * j] = sbc[n + 2 * w];
+                    cv[2 * j + 1] = sbc[n + 2 * w + 1];
+                } else {
+                    bv[2 * j] = f32::cast_from(xbc[bb + 2 * w]);
+                    bv[2 * j + 1] = f32::cast_from(xbc[bb + 2 * w + 1]);
+                    cv[2 * j] = f32::cast_from(xbc[cb + 2 * w]);
+                    cv[2 * j + 1] = f32::cast_from(xbc[cb + 2 * w + 1]);
+                }
+            }
+            #[unroll]
+            for j in 0..words {
+                let s0 = decay * bf16_lo(wd[j]) + dtv * xv * bv[2 * j];
+                let s1 = decay * bf16_hi(wd[j]) + dtv * xv * bv[2 * j + 1];
+                acc += s0 * cv[2 * j];
+                acc += s1 * cv[2 * j + 1];
+                wd[j] = bf16_word(s0, s1);
+            }
+            #[unroll]
+            for j in 0..words {
+                pool[wrow + lane + j * lanes] = P::cast_from(wd[j]);
+            }
+        } else if packed {
+            let wrow = row / 2;
+            let mut w = UNIT_POS_X as usize;
+            while w < n / 2 {
+                let mut bn = Array::<f32>::new(2usize);
+                let mut cn = Array::<f32>::new(2usize);
+                #[unroll]
+                for e in 0..2usize {
+                    let nn = 2 * w + e;
+                    if conv > 0 {
+                        bn[e] = sbc[nn];
+                        cn[e] = sbc[n + nn];
+                    } else {
+                        bn[e] = f32::cast_from(xbc[bb + nn]);
+                        cn[e] = f32::cast_from(xbc[cb + nn]);
+                    }
+                }
+                let word = u32::cast_from(pool[wrow + w]);
+                let s0 = decay * bf16_lo(word) + dtv * xv * bn[0];
+                let s1 = decay * bf16_hi(word) + dtv * xv * bn[1];
+                acc += s0 * cn[0];
+                acc += s1 * cn[1];
+                pool[wrow + w] = P::cast_from(bf16_word(s0, s1));
+                w += CUBE_DIM_X as usize;
+            }
+        } else if per > 0 {
             // `n = per · lanes`: the lane's whole share of the state row, `B` and `C` loaded
             // before any is used, the new state stored after (one memory latency, not `per`).
             let lane = UNIT_POS_X as usize;
@@ -290,7 +359,7 @@ pub fn ssm_step_kernel<F: Float>(
             #[unroll]
             for i in 0..per {
                 let nn = lane + i * lanes;
-                st[i] = pool[row + nn];
+                st[i] = f32::cast_from(pool[row + nn]);
                 if conv > 0 {
                     bv[i] = sbc[nn];
                     cv[i] = sbc[n + nn];
@@ -307,7 +376,7 @@ pub fn ssm_step_kernel<F: Float>(
             }
             #[unroll]
             for i in 0..per {
-                pool[row + lane + i * lanes] = st[i];
+                pool[row + lane + i * lanes] = P::cast_from(st[i]);
             }
         } else {
             let mut nn = UNIT_POS_X as usize;
@@ -322,8 +391,8 @@ pub fn ssm_step_kernel<F: Float>(
                 } else {
                     f32::cast_from(xbc[cb + nn])
                 };
-                let s = decay * pool[row + nn] + dtv * xv * bn;
-                pool[row + nn] = s;
+                let s = decay * f32::cast_from(pool[row + nn]) + dtv * xv * bn;
+                pool[row + nn] = P::cast_from(s);
                 acc += s * cn;
                 nn += CUBE_DIM_X as usize;
             }
@@ -400,7 +469,12 @@ fn step_launch<R: CubeRuntime>(
 ) -> (CubeTensor<R>, Option<CubeTensor<R>>, CubeTensor<R>) {
     let xbc = float_buf(xbc);
     let dtype = xbc.dtype;
-    assert_eq!(pool.dtype, DType::F32, "ssm_step: the state pool is f32");
+    // I32 words: the bf16 state (two values a word).
+    let packed = pool.dtype == DType::I32;
+    assert!(
+        pool.dtype == DType::F32 || (packed && dims.state.is_multiple_of(2)),
+        "ssm_step: the state pool is f32, or I32 words of bf16 pairs for an even state size"
+    );
     assert!(
         pool.is_contiguous(),
         "ssm_step: the state pool must be contiguous"
@@ -441,9 +515,9 @@ fn step_launch<R: CubeRuntime>(
         None => (&dt, &dt, &spare, &slots, 1, false),
     };
     let shared = if conv.is_some() { 2 * n } else { 0 };
-    macro_rules! go {
-        ($t:ty) => {
-            ssm_step_kernel::launch::<$t, R>(
+    macro_rules! launch {
+        ($t:ty, $p:ty) => {
+            ssm_step_kernel::launch::<$t, $p, R>(
                 &xbc.client,
                 count,
                 CubeDim::new_2d(SSM_LANES, SSM_ROWS),
@@ -470,7 +544,17 @@ fn step_launch<R: CubeRuntime>(
                 per,
                 shared,
                 has_bias,
+                packed,
             )
+        };
+    }
+    macro_rules! go {
+        ($t:ty) => {
+            if packed {
+                launch!($t, u32)
+            } else {
+                launch!($t, f32)
+            }
         };
     }
     with_float!(dtype, go);
