@@ -829,6 +829,14 @@ pub fn tiled<R: CubeRuntime>(
     if sa.num_dims() != 3 || sb.num_dims() != 3 || sa[2] != sb[1] || sa[0] != sb[0] {
         return Err(format!("tiled matmul: shapes {sa:?} · {sb:?}"));
     }
+    // Tensor cores multiply f32 as TF32 (10 mantissa bits: ≈ 1e-3 relative, where an f32 model
+    // is held to 1e-5 of HF's f32): an f32 product runs on the unit kernel or the next path.
+    if kernel != TiledKernel::Unit && (a.dtype == DType::F32 || b.dtype == DType::F32) {
+        return Err(format!(
+            "cubek {}: f32 inputs would be multiplied as TF32",
+            kernel.name()
+        ));
+    }
     let out = empty(&a, [sa[0], sa[1], sb[2]], out_dtype);
     let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
         lhs: storage(a.dtype),
