@@ -8,6 +8,7 @@
 #                where packed)
 #   tests-ops F  the ops tests whose names contain one of the comma-separated F, then deps/it's
 #                device modules and deps/memory whole
+#   it F         only deps/it's device tests whose names contain one of the comma-separated F
 #   itenv E     deps/it's device modules with the environment assignment E (e.g.
 #                NEMOTRON_SCAN_SSD=1: the whole-model tests with a kernel setting not the default)
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
@@ -81,7 +82,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 B=.device/release
 # The CUDA tests of the root crate's one test binary (deps/it), by module.
-IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8:: fold::"
+IT="engine:: slots:: decode_graph:: device_parity:: consistency:: kv8:: fold:: ssm16::"
 LT=/tmp/lt
 BX=
 BT=
@@ -116,6 +117,10 @@ while [ $# -gt 0 ]; do
       run tests.log $B/deps/it --ignored --test-threads 1 $IT
       [ -x $B/deps/memory ] && run tests.log $B/deps/memory --ignored --test-threads 1
       grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 20 ;;
+    it)
+      IFS=, read -r -a filt <<<"$1"; shift
+      run tests_it.log $B/deps/it --ignored --test-threads 1 "${filt[@]}"
+      grep -E "^test result|FAILED|panicked" "$OUT/tests_it.log" | tail -n 20 ;;
     itenv)
       run tests_env.log env "$1" $B/deps/it --ignored --test-threads 1 $IT
       grep -E "^test result|FAILED|panicked" "$OUT/tests_env.log" | tail -n 20
