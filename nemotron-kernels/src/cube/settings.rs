@@ -8,7 +8,7 @@ use super::attention::decode::{self, AttnForm};
 use super::attention::prefill as flash;
 use super::linear::mma;
 use super::linear::plan::MmaMin;
-use super::mamba::{scan, ssd};
+use super::mamba::{scan, ssd, step};
 use super::matmul::{self, TiledKernel};
 use super::tensor_core::{self as tc, MmaTuning};
 
@@ -40,6 +40,8 @@ pub struct Settings {
     pub flash: bool,
     /// Whether bf16 prefill attention takes the tensor-core kernel ([`flash::set_flash_mma`]).
     pub flash_mma: bool,
+    /// State rows per warp of the SSM decode step, 0 for its plan ([`step::set_ssm_walk`]).
+    pub ssm_walk: usize,
 }
 
 impl Default for Settings {
@@ -58,6 +60,7 @@ impl Default for Settings {
             tiled_f32: true,
             flash: true,
             flash_mma: true,
+            ssm_walk: 0,
         }
     }
 }
@@ -78,6 +81,7 @@ impl Settings {
             tiled_f32: matmul::tiled_f32(),
             flash: flash::flash(),
             flash_mma: flash::flash_mma(),
+            ssm_walk: step::ssm_walk(),
         }
     }
 
@@ -96,6 +100,7 @@ impl Settings {
         matmul::set_tiled_f32(self.tiled_f32);
         flash::set_flash(self.flash);
         flash::set_flash_mma(self.flash_mma);
+        step::set_ssm_walk(self.ssm_walk);
         Ok(())
     }
 
@@ -128,7 +133,8 @@ impl Settings {
     /// (the same for plain NVFP4 rows); `densemm=N`
     /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
-    /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type). Unknown
+    /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type);
+    /// `ssmwalk=0|1|2|4|8` (state rows per warp of the SSM decode step; 0: its plan). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -225,6 +231,10 @@ impl Settings {
                 "fuse" => s.fused = on_off(k, v)?,
                 "flash" => s.flash = on_off(k, v)?,
                 "flashmma" => s.flash_mma = on_off(k, v)?,
+                "ssmwalk" => match num(v)? {
+                    w @ (0 | 1 | 2 | 4 | 8) => s.ssm_walk = w,
+                    w => return Err(format!("{text:?}: ssmwalk={w}: 0, 1, 2, 4 or 8")),
+                },
                 "attn" => {
                     s.attn = match v {
                         "gqa" => AttnForm::Gqa,

@@ -29,6 +29,9 @@ use nemotron_kernels::rng::Lcg;
 /// kernel), so two of them on parallel threads do not switch each other's mid-comparison.
 pub static ATTN_FORM: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Held by the tests that set the SSM step's rows per warp (a process-wide setting).
+pub static SSM_WALK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The shared generator; with `bf16` set every value is rounded to bf16, so the device arm's bf16
 /// inputs and the f32 reference's inputs are the same numbers.
 pub struct Rng {
@@ -618,6 +621,29 @@ fn attention_plan_keeps_each_form_where_it_fits() {
     assert_eq!(plan(F::Split, 4, 1, 3), F::Unfused);
 }
 
+/// The SSM decode step's rows per warp (`ssm_walk_plan`): Lightning's 64 heads of 64 state rows
+/// walk one row a warp up to batch 16 (8,192 cubes), 4 at batch 64, 8 from 128 rows; the
+/// strided loop (no register share) always one; a forced setting rounds down to a power of two.
+#[test]
+fn ssm_walk_plan_keeps_cubes_for_small_batches() {
+    use nemotron_kernels::cube::plans::ssm_step::ssm_walk_plan as plan;
+    let pairs = |rows: usize| rows * 64;
+    assert_eq!(plan(pairs(1), 64, true, 0), 1);
+    assert_eq!(plan(pairs(16), 64, true, 0), 1);
+    assert_eq!(plan(pairs(32), 64, true, 0), 2);
+    assert_eq!(plan(pairs(64), 64, true, 0), 4);
+    assert_eq!(plan(pairs(128), 64, true, 0), 8);
+    assert_eq!(plan(pairs(256), 64, true, 0), 8);
+    assert_eq!(
+        plan(pairs(256), 64, false, 0),
+        1,
+        "the strided loop walks one row"
+    );
+    assert_eq!(plan(pairs(1), 64, true, 8), 8);
+    assert_eq!(plan(pairs(1), 64, true, 6), 4);
+    assert_eq!(plan(pairs(1), 64, true, 100), 8);
+}
+
 /// The kernel settings' text form (`bench --mma-min`): each key lands in its own field, the
 /// `ROWS,SLOTS` form sets the thresholds it names and leaves the rest at the defaults, and bad
 /// items are refused naming the item.
@@ -664,6 +690,10 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
     assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
     assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
+    assert_eq!(Settings::parse("ssmwalk=4").unwrap().ssm_walk, 4);
+    assert!(Settings::parse("ssmwalk=3")
+        .unwrap_err()
+        .contains("ssmwalk=3"));
     assert!(Settings::parse("bdec=on").unwrap().tune.bf16_decode);
     assert!(!Settings::parse("bdec=off").unwrap().tune.bf16_decode);
     let e = Settings::parse("fp8direct=on,fp8gemm=512").unwrap_err();

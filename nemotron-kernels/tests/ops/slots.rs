@@ -78,11 +78,18 @@ pub fn conv_step_matches(arm: &Arm) {
 /// and without the conv bias. Several heads share a group, so `B`/`C` are convolved by cubes
 /// that did not write their rings.
 pub fn conv_ssm_step_matches(arm: &Arm) {
+    use nemotron_kernels::cube::plans::ssm_step::set_ssm_walk;
+    let _walk = super::SSM_WALK.lock().unwrap_or_else(|e| e.into_inner());
     // The fused kernel over several rows (by default it runs at one row only).
     nemotron_kernels::cube::set_fused_conv_max_rows(usize::MAX);
-    for (n, bias) in [(16, true), (128, true), (128, false)] {
-        conv_ssm_case(arm, n, bias);
+    // Each warp walking 1, 2 and 8 of the 16 state rows (8: past `p`, rows left idle).
+    for walk in [1, 2, 8] {
+        set_ssm_walk(walk);
+        for (n, bias) in [(16, true), (128, true), (128, false)] {
+            conv_ssm_case(arm, n, bias);
+        }
     }
+    set_ssm_walk(0);
     nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
 }
 
@@ -676,12 +683,18 @@ fn bf16_of_words(w: &[i64]) -> Vec<f32> {
 /// out of slot order, a pad row; states of 16 (the strided word loop), 96 (three values a lane:
 /// the word loop) and 128 (four a lane: registers), fused and as two launches.
 pub fn conv_ssm_step_bf16_matches(arm: &Arm) {
-    for fused_rows in [usize::MAX, 0] {
-        nemotron_kernels::cube::set_fused_conv_max_rows(fused_rows);
-        for n in [16, 96, 128] {
-            conv_ssm_bf16_case(arm, n, fused_rows > 0, true);
+    use nemotron_kernels::cube::plans::ssm_step::set_ssm_walk;
+    let _walk = super::SSM_WALK.lock().unwrap_or_else(|e| e.into_inner());
+    for walk in [1, 8] {
+        set_ssm_walk(walk);
+        for fused_rows in [usize::MAX, 0] {
+            nemotron_kernels::cube::set_fused_conv_max_rows(fused_rows);
+            for n in [16, 96, 128] {
+                conv_ssm_bf16_case(arm, n, fused_rows > 0, true);
+            }
         }
     }
+    set_ssm_walk(0);
     nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
     // The host reference (its ops return new tensors: not in place).
     conv_ssm_bf16_case(&Arm::host(), 128, false, false);

@@ -31,10 +31,53 @@ use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use burn_cubecl::{CubeBackend, CubeRuntime};
 use cubecl::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Lanes over the state dimension per SSM row, and rows per cube.
 pub const SSM_LANES: u32 = 32;
 pub const SSM_ROWS: u32 = 8;
+
+/// The most state rows one warp of the SSM step walks ([`ssm_walk_plan`]).
+pub const SSM_WALK_MAX: usize = 8;
+/// Cubes a step keeps at least when its warps walk several rows: below it, one row a warp
+/// (batch 1 to 16 on Lightning's 64 heads of 64 rows), for latency.
+pub const SSM_WALK_MIN_CUBES: usize = 8192;
+
+static SSM_WALK: AtomicUsize = AtomicUsize::new(0);
+
+/// Rows per warp the SSM step walks: 0 (the default) lets [`ssm_walk_plan`] choose; 1, 2, 4 or 8
+/// forces it where a lane's share of a row is held in registers. Process-wide; for benchmarks and
+/// tests.
+pub fn set_ssm_walk(rows: usize) {
+    SSM_WALK.store(rows, Ordering::Relaxed);
+}
+
+/// The setting of [`set_ssm_walk`].
+pub fn ssm_walk() -> usize {
+    SSM_WALK.load(Ordering::Relaxed)
+}
+
+/// State rows each warp walks for `pairs` (row, head) pairs of `p` state rows: each walked row
+/// reuses the warp's `dt`, decay and register share of `B` and `C` (otherwise loaded again per
+/// row: as many load instructions as the state's own at `N` = 128, so halving the state's bytes
+/// alone barely moved a batch-256 step). 1 where the share is not in registers (`registers`
+/// false: the strided loop); `forced` (rounded down to a power of two, at most
+/// [`SSM_WALK_MAX`]) where given; else the largest power of two up to [`SSM_WALK_MAX`] leaving
+/// at least [`SSM_WALK_MIN_CUBES`] cubes.
+pub fn ssm_walk_plan(pairs: usize, p: usize, registers: bool, forced: usize) -> usize {
+    if !registers {
+        return 1;
+    }
+    if forced > 0 {
+        return 1 << forced.min(SSM_WALK_MAX).ilog2();
+    }
+    let cubes = |walk: usize| pairs * p.div_ceil(SSM_ROWS as usize * walk);
+    let mut walk = 1;
+    while walk < SSM_WALK_MAX && cubes(walk * 2) >= SSM_WALK_MIN_CUBES {
+        walk *= 2;
+    }
+    walk
+}
 
 /// One channel's conv output for this token (rounded to `F` as the conv step stores it): `at`
 /// indexes the raw input in `x`, the ring of `(slot, ch)` lives at `(slot · width + ch) · k`;
@@ -206,6 +249,7 @@ pub fn ssm_step_kernel<F: Float, P: Numeric>(
     #[comptime] conv: usize,
     #[comptime] has_bias: bool,
     #[comptime] packed: bool,
+    #[comptime] walk: usize,
 ) {
     // `conv > 0`: `xbc` is the raw `in_proj` part and `conv = 2N` (the shared `B | C` tile).
     // `packed`: `pool` holds u32 words of two bf16 (`P = u32`), else f32 values (`P = f32`).
@@ -223,7 +267,6 @@ pub fn ssm_step_kernel<F: Float, P: Numeric>(
     }
     let b = rh / h;
     let hh = rh % h;
-    let pp = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize;
     let slot = slots[b];
     let gg = hh / (h / g);
     let bb = b * width + h * p + gg * n;
@@ -258,108 +301,37 @@ pub fn ssm_step_kernel<F: Float, P: Numeric>(
         }
         sync_cube();
     }
-    let mut acc = 0.0f32;
-    let mut xv = 0.0f32;
-    if slot >= 0 && pp < p {
+    // `walk` rows of `p` per warp: `dt`, the decay and (in registers) `B`, `C` once for them.
+    let pp0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * walk;
+    let lane = UNIT_POS_X as usize;
+    let lanes = CUBE_DIM_X as usize;
+    // A register share: `per` values a lane (`per` even where packed), else the strided loop.
+    let regs = comptime!(per > 0 && (!packed || per % 2 == 0));
+    let mut accs = Array::<f32>::new(walk);
+    let mut xs = Array::<f32>::new(walk);
+    #[unroll]
+    for r in 0..walk {
+        accs[r] = 0.0f32;
+        xs[r] = 0.0f32;
+    }
+    if slot >= 0 && pp0 < p {
         // As `dt_softplus` computes and stores it.
         let raw = f32::cast_from(dt[b * h + hh]) + f32::cast_from(dt_bias[hh]);
         let sp = raw.max(0.0f32) + (-raw.abs()).exp().log1p();
         let dtv = f32::cast_from(F::cast_from(sp.max(dt_floor)));
         let decay = (dtv * f32::cast_from(a[hh])).exp();
-        let xat = b * width + hh * p + pp;
-        if conv > 0 {
-            xv = conv_tap::<F>(
-                xbc,
-                cw,
-                cbias,
-                cpool,
-                xat,
-                hh * p + pp,
-                slot as usize,
-                width,
-                k as usize,
-                len,
-                UNIT_POS_X == 0,
-                has_bias,
-            );
-        } else {
-            xv = f32::cast_from(xbc[xat]);
-        }
-        let row = ((slot as usize * h + hh) * p + pp) * n;
-        if packed && per > 0 && per % 2 == 0 {
-            // As below, over words: the lane's `per / 2` words hold elements `2w`, `2w + 1`.
-            let lane = UNIT_POS_X as usize;
-            let lanes = CUBE_DIM_X as usize;
-            let words = comptime!(per / 2);
-            let wrow = row / 2;
-            let mut wd = Array::<u32>::new(words);
-            let mut bv = Array::<f32>::new(per);
-            let mut cv = Array::<f32>::new(per);
-            #[unroll]
-            for j in 0..words {
-                let w = lane + j * lanes;
-                wd[j] = u32::cast_from(pool[wrow + w]);
-                if conv > 0 {
-                    bv[2 * j] = sbc[2 * w];
-                    bv[2 * j + 1] = sbc[2 * w + 1];
-                    cv[2 * j] = sbc[n + 2 * w];
-                    cv[2 * j + 1] = sbc[n + 2 * w + 1];
-                } else {
-                    bv[2 * j] = f32::cast_from(xbc[bb + 2 * w]);
-                    bv[2 * j + 1] = f32::cast_from(xbc[bb + 2 * w + 1]);
-                    cv[2 * j] = f32::cast_from(xbc[cb + 2 * w]);
-                    cv[2 * j + 1] = f32::cast_from(xbc[cb + 2 * w + 1]);
-                }
-            }
-            #[unroll]
-            for j in 0..words {
-                let s0 = decay * bf16_lo(wd[j]) + dtv * xv * bv[2 * j];
-                let s1 = decay * bf16_hi(wd[j]) + dtv * xv * bv[2 * j + 1];
-                acc += s0 * cv[2 * j];
-                acc += s1 * cv[2 * j + 1];
-                wd[j] = bf16_word(s0, s1);
-            }
-            #[unroll]
-            for j in 0..words {
-                pool[wrow + lane + j * lanes] = P::cast_from(wd[j]);
-            }
-        } else if packed {
-            let wrow = row / 2;
-            let mut w = UNIT_POS_X as usize;
-            while w < n / 2 {
-                let mut bn = Array::<f32>::new(2usize);
-                let mut cn = Array::<f32>::new(2usize);
-                #[unroll]
-                for e in 0..2usize {
-                    let nn = 2 * w + e;
-                    if conv > 0 {
-                        bn[e] = sbc[nn];
-                        cn[e] = sbc[n + nn];
-                    } else {
-                        bn[e] = f32::cast_from(xbc[bb + nn]);
-                        cn[e] = f32::cast_from(xbc[cb + nn]);
-                    }
-                }
-                let word = u32::cast_from(pool[wrow + w]);
-                let s0 = decay * bf16_lo(word) + dtv * xv * bn[0];
-                let s1 = decay * bf16_hi(word) + dtv * xv * bn[1];
-                acc += s0 * cn[0];
-                acc += s1 * cn[1];
-                pool[wrow + w] = P::cast_from(bf16_word(s0, s1));
-                w += CUBE_DIM_X as usize;
-            }
-        } else if per > 0 {
-            // `n = per · lanes`: the lane's whole share of the state row, `B` and `C` loaded
-            // before any is used, the new state stored after (one memory latency, not `per`).
-            let lane = UNIT_POS_X as usize;
-            let lanes = CUBE_DIM_X as usize;
-            let mut st = Array::<f32>::new(per);
-            let mut bv = Array::<f32>::new(per);
-            let mut cv = Array::<f32>::new(per);
+        // The lane's share of `B` and `C`: element `lane + i·lanes` (f32 state) or the two
+        // elements of word `lane + (i/2)·lanes` (packed), as the state share below.
+        let mut bv = Array::<f32>::new(comptime!(per.max(1)));
+        let mut cv = Array::<f32>::new(comptime!(per.max(1)));
+        if regs {
             #[unroll]
             for i in 0..per {
-                let nn = lane + i * lanes;
-                st[i] = f32::cast_from(pool[row + nn]);
+                let nn = if packed {
+                    2 * (lane + (i / 2) * lanes) + i % 2
+                } else {
+                    lane + i * lanes
+                };
                 if conv > 0 {
                     bv[i] = sbc[nn];
                     cv[i] = sbc[n + nn];
@@ -368,43 +340,133 @@ pub fn ssm_step_kernel<F: Float, P: Numeric>(
                     cv[i] = f32::cast_from(xbc[cb + nn]);
                 }
             }
-            #[unroll]
-            for i in 0..per {
-                let s = decay * st[i] + dtv * xv * bv[i];
-                st[i] = s;
-                acc += s * cv[i];
-            }
-            #[unroll]
-            for i in 0..per {
-                pool[row + lane + i * lanes] = P::cast_from(st[i]);
-            }
-        } else {
-            let mut nn = UNIT_POS_X as usize;
-            while nn < n {
-                let bn = if conv > 0 {
-                    sbc[nn]
+        }
+        #[unroll]
+        for r in 0..walk {
+            let pp = pp0 + r;
+            if pp < p {
+                let mut acc = 0.0f32;
+                let xat = b * width + hh * p + pp;
+                let xv = if conv > 0 {
+                    conv_tap::<F>(
+                        xbc,
+                        cw,
+                        cbias,
+                        cpool,
+                        xat,
+                        hh * p + pp,
+                        slot as usize,
+                        width,
+                        k as usize,
+                        len,
+                        UNIT_POS_X == 0,
+                        has_bias,
+                    )
                 } else {
-                    f32::cast_from(xbc[bb + nn])
+                    f32::cast_from(xbc[xat])
                 };
-                let cn = if conv > 0 {
-                    sbc[n + nn]
+                xs[r] = xv;
+                let row = ((slot as usize * h + hh) * p + pp) * n;
+                if regs && packed {
+                    // The lane's `per / 2` words, loaded before any is used and stored after
+                    // (one memory latency, not `per / 2`).
+                    let words = comptime!(per / 2);
+                    let wrow = row / 2;
+                    let mut wd = Array::<u32>::new(words);
+                    #[unroll]
+                    for j in 0..words {
+                        wd[j] = u32::cast_from(pool[wrow + lane + j * lanes]);
+                    }
+                    #[unroll]
+                    for j in 0..words {
+                        let s0 = decay * bf16_lo(wd[j]) + dtv * xv * bv[2 * j];
+                        let s1 = decay * bf16_hi(wd[j]) + dtv * xv * bv[2 * j + 1];
+                        acc += s0 * cv[2 * j];
+                        acc += s1 * cv[2 * j + 1];
+                        wd[j] = bf16_word(s0, s1);
+                    }
+                    #[unroll]
+                    for j in 0..words {
+                        pool[wrow + lane + j * lanes] = P::cast_from(wd[j]);
+                    }
+                } else if regs {
+                    // `n = per · lanes`: the lane's whole share of the state row, loaded before
+                    // any is used, the new state stored after.
+                    let mut st = Array::<f32>::new(per);
+                    #[unroll]
+                    for i in 0..per {
+                        st[i] = f32::cast_from(pool[row + lane + i * lanes]);
+                    }
+                    #[unroll]
+                    for i in 0..per {
+                        let s = decay * st[i] + dtv * xv * bv[i];
+                        st[i] = s;
+                        acc += s * cv[i];
+                    }
+                    #[unroll]
+                    for i in 0..per {
+                        pool[row + lane + i * lanes] = P::cast_from(st[i]);
+                    }
+                } else if packed {
+                    let wrow = row / 2;
+                    let mut w = lane;
+                    while w < n / 2 {
+                        let mut bn = Array::<f32>::new(2usize);
+                        let mut cn = Array::<f32>::new(2usize);
+                        #[unroll]
+                        for e in 0..2usize {
+                            let nn = 2 * w + e;
+                            if conv > 0 {
+                                bn[e] = sbc[nn];
+                                cn[e] = sbc[n + nn];
+                            } else {
+                                bn[e] = f32::cast_from(xbc[bb + nn]);
+                                cn[e] = f32::cast_from(xbc[cb + nn]);
+                            }
+                        }
+                        let word = u32::cast_from(pool[wrow + w]);
+                        let s0 = decay * bf16_lo(word) + dtv * xv * bn[0];
+                        let s1 = decay * bf16_hi(word) + dtv * xv * bn[1];
+                        acc += s0 * cn[0];
+                        acc += s1 * cn[1];
+                        pool[wrow + w] = P::cast_from(bf16_word(s0, s1));
+                        w += lanes;
+                    }
                 } else {
-                    f32::cast_from(xbc[cb + nn])
-                };
-                let s = decay * f32::cast_from(pool[row + nn]) + dtv * xv * bn;
-                pool[row + nn] = P::cast_from(s);
-                acc += s * cn;
-                nn += CUBE_DIM_X as usize;
+                    let mut nn = lane;
+                    while nn < n {
+                        let bn = if conv > 0 {
+                            sbc[nn]
+                        } else {
+                            f32::cast_from(xbc[bb + nn])
+                        };
+                        let cn = if conv > 0 {
+                            sbc[n + nn]
+                        } else {
+                            f32::cast_from(xbc[cb + nn])
+                        };
+                        let s = decay * f32::cast_from(pool[row + nn]) + dtv * xv * bn;
+                        pool[row + nn] = P::cast_from(s);
+                        acc += s * cn;
+                        nn += lanes;
+                    }
+                }
+                accs[r] = acc;
             }
         }
     }
-    let total = lane_sum(acc, units, plane);
-    if UNIT_POS_X == 0 && pp < p {
-        let mut out = 0.0f32;
-        if slot >= 0 {
-            out = total + f32::cast_from(d[hh]) * xv;
+    // Every unit reduces (the shared-memory form synchronizes the cube), rows past `p` too.
+    #[unroll]
+    for r in 0..walk {
+        let total = lane_sum(accs[r], units, plane);
+        let pp = pp0 + r;
+        if UNIT_POS_X == 0 && pp < p {
+            let mut out = 0.0f32;
+            if slot >= 0 {
+                out = total + f32::cast_from(d[hh]) * xs[r];
+            }
+            y[(b * h + hh) * p + pp] = F::cast_from(out);
         }
-        y[(b * h + hh) * p + pp] = F::cast_from(out);
     }
 }
 
@@ -496,15 +558,17 @@ fn step_launch<R: CubeRuntime>(
         (same(c.weight), bias, c.pool, i32_buf(c.lens), k)
     });
     let y = empty(&xbc, [rows, h, p], dtype);
-    let (gy, gz) = yz(rows * h);
-    let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize) as u32, gy, gz);
     // A lane's share of a state row held in registers where it divides evenly (up to 8 values:
-    // `n` ≤ 256); otherwise the strided loop.
+    // `n` ≤ 256; an even count where packed); otherwise the strided loop.
     let per = if n % SSM_LANES as usize == 0 && n / (SSM_LANES as usize) <= 8 {
         n / SSM_LANES as usize
     } else {
         0
     };
+    let registers = per > 0 && (!packed || per % 2 == 0);
+    let walk = ssm_walk_plan(rows * h, p, registers, ssm_walk());
+    let (gy, gz) = yz(rows * h);
+    let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize * walk) as u32, gy, gz);
     // No floor: one below any softplus value (softplus > 0).
     let floor = dt_min.unwrap_or(-1.0);
     // Without the conv its arguments are stand-ins the kernel never reads (the writable one a
@@ -545,6 +609,7 @@ fn step_launch<R: CubeRuntime>(
                 shared,
                 has_bias,
                 packed,
+                walk,
             )
         };
     }
