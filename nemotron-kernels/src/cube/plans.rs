@@ -70,7 +70,8 @@ pub mod ssd {
 /// The SSM decode step's state rows per warp.
 pub mod ssm_step {
     pub use crate::cube::mamba::step::{
-        set_ssm_walk, ssm_walk, ssm_walk_plan, SSM_ROWS, SSM_WALK_MAX, SSM_WALK_MIN_CUBES,
+        set_ssm_walk, ssm_walk, ssm_walk_plan, SSM_ROWS, SSM_WALK_DEFAULT, SSM_WALK_MAX,
+        SSM_WALK_MIN_CUBES,
     };
 }
 

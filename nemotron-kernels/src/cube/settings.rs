@@ -40,7 +40,8 @@ pub struct Settings {
     pub flash: bool,
     /// Whether bf16 prefill attention takes the tensor-core kernel ([`flash::set_flash_mma`]).
     pub flash_mma: bool,
-    /// State rows per warp of the SSM decode step, 0 for its plan ([`step::set_ssm_walk`]).
+    /// State rows per warp of the SSM decode step, 0 for its plan by batch
+    /// ([`step::set_ssm_walk`]).
     pub ssm_walk: usize,
 }
 
@@ -60,7 +61,7 @@ impl Default for Settings {
             tiled_f32: true,
             flash: true,
             flash_mma: true,
-            ssm_walk: 0,
+            ssm_walk: step::SSM_WALK_DEFAULT,
         }
     }
 }
@@ -134,7 +135,8 @@ impl Settings {
     /// (dense rows, activations in the weight's type, from which cubek's tiled matmul runs them); `mmk=NAME` (that matmul's
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
     /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type);
-    /// `ssmwalk=0|1|2|4|8` (state rows per warp of the SSM decode step; 0: its plan). Unknown
+    /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
+    /// batch; 1, the default, until the device has timed it). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -231,9 +233,12 @@ impl Settings {
                 "fuse" => s.fused = on_off(k, v)?,
                 "flash" => s.flash = on_off(k, v)?,
                 "flashmma" => s.flash_mma = on_off(k, v)?,
-                "ssmwalk" => match num(v)? {
-                    w @ (0 | 1 | 2 | 4 | 8) => s.ssm_walk = w,
-                    w => return Err(format!("{text:?}: ssmwalk={w}: 0, 1, 2, 4 or 8")),
+                "ssmwalk" => match v {
+                    "auto" => s.ssm_walk = 0,
+                    v => match num(v)? {
+                        w @ (1 | 2 | 4 | 8) => s.ssm_walk = w,
+                        w => return Err(format!("{text:?}: ssmwalk={w}: auto, 1, 2, 4 or 8")),
+                    },
                 },
                 "attn" => {
                     s.attn = match v {

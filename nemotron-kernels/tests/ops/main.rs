@@ -691,6 +691,8 @@ fn settings_parse_each_key_into_its_field() {
     assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
     assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
     assert_eq!(Settings::parse("ssmwalk=4").unwrap().ssm_walk, 4);
+    assert_eq!(Settings::parse("ssmwalk=auto").unwrap().ssm_walk, 0);
+    assert!(Settings::parse("ssmwalk=0").is_err());
     assert!(Settings::parse("ssmwalk=3")
         .unwrap_err()
         .contains("ssmwalk=3"));

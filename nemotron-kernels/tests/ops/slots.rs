@@ -89,7 +89,7 @@ pub fn conv_ssm_step_matches(arm: &Arm) {
             conv_ssm_case(arm, n, bias);
         }
     }
-    set_ssm_walk(0);
+    set_ssm_walk(nemotron_kernels::cube::plans::ssm_step::SSM_WALK_DEFAULT);
     nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
 }
 
@@ -694,7 +694,7 @@ pub fn conv_ssm_step_bf16_matches(arm: &Arm) {
             }
         }
     }
-    set_ssm_walk(0);
+    set_ssm_walk(nemotron_kernels::cube::plans::ssm_step::SSM_WALK_DEFAULT);
     nemotron_kernels::cube::set_fused_conv_max_rows(nemotron_kernels::cube::FUSED_CONV_MAX_ROWS);
     // The host reference (its ops return new tensors: not in place).
     conv_ssm_bf16_case(&Arm::host(), 128, false, false);

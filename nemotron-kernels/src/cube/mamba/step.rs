@@ -43,11 +43,15 @@ pub const SSM_WALK_MAX: usize = 8;
 /// (batch 1 to 16 on Lightning's 64 heads of 64 rows), for latency.
 pub const SSM_WALK_MIN_CUBES: usize = 8192;
 
-static SSM_WALK: AtomicUsize = AtomicUsize::new(0);
+/// The default of [`set_ssm_walk`]: one row a warp, as before the walk, until the device has
+/// timed [`ssm_walk_plan`]'s choice (PERF 34).
+pub const SSM_WALK_DEFAULT: usize = 1;
 
-/// Rows per warp the SSM step walks: 0 (the default) lets [`ssm_walk_plan`] choose; 1, 2, 4 or 8
-/// forces it where a lane's share of a row is held in registers. Process-wide; for benchmarks and
-/// tests.
+static SSM_WALK: AtomicUsize = AtomicUsize::new(SSM_WALK_DEFAULT);
+
+/// Rows per warp the SSM step walks: 0 lets [`ssm_walk_plan`] choose by the batch; 1 (the
+/// default), 2, 4 or 8 forces it where a lane's share of a row is held in registers.
+/// Process-wide; for benchmarks and tests.
 pub fn set_ssm_walk(rows: usize) {
     SSM_WALK.store(rows, Ordering::Relaxed);
 }
