@@ -36,6 +36,8 @@
 #                the device's allocator holds after each
 #   bmem F       engine decode at batch 256 after 128-token prompts, slots sized from F of the free
 #                memory (bench --slot-memory F), on the in-memory weights
+#   load29 C     issue 29's before/after: loadtest of a308dbc, of b4e2c45 and of this build at C
+#                clients, one after another (loadtest_before/_after packed by hand, PERF 34)
 #   bkv KV       engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
 #                (auto | fp8; bench --kv-cache-dtype), slots from 0.3 of the free memory
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
@@ -63,7 +65,8 @@
 #                the rows whose names contain one of the comma-separated ONLY
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
-#                token-id prompts, 64 tokens out, 2 streaming requests per client per level)
+#                token-id prompts, 64 tokens out, 2 streaming requests per client per level;
+#                load_cCLIENTS.json)
 #   ncub B       ncu over one engine step at batch B (each row its own token) after 128-token
 #                prompts, on the in-memory weights (kernel durations, CSV)
 #   loadc C,ST,PC  load at C clients with the server's step budget ST and prompt pieces of PC
@@ -273,7 +276,17 @@ while [ $# -gt 0 ]; do
         xz -f "$OUT/ncu_b$1$BT.csv"; shift ;;
     load) bench load.log $B/examples/loadtest --model $LT --backend cuda --dtype bf16 \
           --context-length 1024 --clients "$1" --requests 2 --prompt-len 128 --max-tokens 64 \
-          --json "$OUT/load.json"
+          --json "$OUT/load_c$1.json"
+        shift ;;
+    load29)
+        # Issue 29's before/after: the server without log-probabilities (a308dbc), with them
+        # (b4e2c45), and this build, one after another at C clients (packed by hand as
+        # examples/loadtest_before, loadtest_after: see PERF 34).
+        for v in _before _after ""; do
+          bench load29.log $B/examples/loadtest$v --model $LT --backend cuda --dtype bf16 \
+            --context-length 1024 --clients "$1" --requests 4 --prompt-len 128 --max-tokens 64 \
+            --json "$OUT/load29_c$1$v.json"
+        done
         shift ;;
     loadc)
         IFS=',' read -r cl st pc <<<"$1"; shift
