@@ -262,3 +262,49 @@ pub fn slot_decode(m: &NemotronH, r: &Reference) -> Vec<f32> {
     }
     dec
 }
+
+/// A slot-cache option (`change`: the FP8 KV cache, the bf16 SSM state) against HF's f32
+/// goldens, decoding through a slot on `dev` for `lightning_mixed` (W8A16) and `all_letters`:
+/// the plain slots within 1e-5 of the logit scale, the changed ones within `band` of it, and
+/// moved by more than 10× the plain error (an option that changed nothing would pass unseen).
+pub fn check_slot_option(
+    dev: &Device,
+    what: &str,
+    band: f32,
+    change: impl Fn(NemotronH) -> NemotronH,
+) {
+    use nemotron::model::Deviations;
+    let w8a16 = Deviations {
+        fp8_weight_only: true,
+        ..Default::default()
+    };
+    for (name, suffix, d) in [
+        ("lightning_mixed", "_w8a16", w8a16),
+        ("all_letters", "", Deviations::default()),
+    ] {
+        let r = reference(name, suffix);
+        let m = NemotronH::load_with_deviations(fixture(name), dev, DType::F32, d).unwrap();
+        let plain = slot_decode(&m, &r);
+        let changed = slot_decode(&change(m), &r);
+        let (dp, scale) = diff(&plain, &r.decode);
+        let (dc, _) = diff(&changed, &r.decode);
+        eprintln!(
+            "{dev:?} {name}{suffix}: decode through a slot, plain max |Δ| {dp:.3e}, {what} {dc:.3e} \
+             (mean {:.3e}), scale {scale:.3}, band {:.3e}",
+            mean_diff(&changed, &r.decode),
+            band * scale
+        );
+        assert!(
+            dp <= 1e-5 * scale,
+            "{name}{suffix}: the plain slots are off HF by {dp} (scale {scale})"
+        );
+        assert!(
+            dc <= band * scale,
+            "{name}{suffix}: the {what} is off HF by {dc} > {band} × {scale}"
+        );
+        assert!(
+            dc > 10.0 * dp,
+            "{name}{suffix}: the {what} moved nothing ({dc} vs {dp})"
+        );
+    }
+}

@@ -17,56 +17,15 @@
 
 use crate::common::*;
 use burn::tensor::{DType, Device};
-use nemotron::model::{Deviations, KvCacheDtype, NemotronH};
+use nemotron::model::{KvCacheDtype, NemotronH};
 
 /// FP8 cache band, relative to the logit scale (see the module note).
 const KV8_BAND: f32 = 2.5e-2;
 
-/// (decode max |Δ| with the plain cache, with the FP8 cache, logit scale) on `dev`.
-fn measure(dev: &Device, name: &str, suffix: &str, d: Deviations) -> (f32, f32, f32) {
-    let r = reference(name, suffix);
-    let m = NemotronH::load_with_deviations(fixture(name), dev, DType::F32, d).unwrap();
-    let plain = slot_decode(&m, &r);
-    let m = m.with_kv_cache(KvCacheDtype::Fp8).unwrap();
-    let fp8 = slot_decode(&m, &r);
-    let (dp, scale) = diff(&plain, &r.decode);
-    let (d8, _) = diff(&fp8, &r.decode);
-    eprintln!(
-        "{dev:?} {name}{suffix}: decode through a slot, plain cache max |Δ| {dp:.3e}, FP8 cache \
-         {d8:.3e} (mean {:.3e}), scale {scale:.3}, band {:.3e}",
-        mean_diff(&fp8, &r.decode),
-        KV8_BAND * scale
-    );
-    (dp, d8, scale)
-}
-
 fn check(dev: &Device) {
-    for (name, suffix, d) in [
-        (
-            "lightning_mixed",
-            "_w8a16",
-            Deviations {
-                fp8_weight_only: true,
-                ..Default::default()
-            },
-        ),
-        ("all_letters", "", Deviations::default()),
-    ] {
-        let (dp, d8, scale) = measure(dev, name, suffix, d);
-        assert!(
-            dp <= 1e-5 * scale,
-            "{name}{suffix}: the plain slot cache is off HF by {dp} (scale {scale})"
-        );
-        assert!(
-            d8 <= KV8_BAND * scale,
-            "{name}{suffix}: the FP8 cache is off HF by {d8} > {KV8_BAND} × {scale}"
-        );
-        // The codes do change the numbers: an FP8 cache that kept f32 would pass unseen.
-        assert!(
-            d8 > 10.0 * dp,
-            "{name}{suffix}: the FP8 cache moved nothing ({d8} vs {dp})"
-        );
-    }
+    check_slot_option(dev, "FP8 cache", KV8_BAND, |m| {
+        m.with_kv_cache(KvCacheDtype::Fp8).unwrap()
+    });
 }
 
 #[test]

@@ -18,56 +18,15 @@
 
 use crate::common::*;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use nemotron::model::{Deviations, NemotronH, SsmCacheDtype};
+use nemotron::model::{NemotronH, SsmCacheDtype};
 
 /// bf16 SSM cache band, relative to the logit scale (see the module note).
 const BAND: f32 = 7.5e-4;
 
-/// (decode max |Δ| with the f32 state, with the bf16 state, logit scale) on `dev`.
-fn measure(dev: &Device, name: &str, suffix: &str, d: Deviations) -> (f32, f32, f32) {
-    let r = reference(name, suffix);
-    let m = NemotronH::load_with_deviations(fixture(name), dev, DType::F32, d).unwrap();
-    let plain = slot_decode(&m, &r);
-    let m = m.with_ssm_cache(SsmCacheDtype::Bf16).unwrap();
-    let b16 = slot_decode(&m, &r);
-    let (dp, scale) = diff(&plain, &r.decode);
-    let (d16, _) = diff(&b16, &r.decode);
-    eprintln!(
-        "{dev:?} {name}{suffix}: decode through a slot, f32 state max |Δ| {dp:.3e}, bf16 state \
-         {d16:.3e} (mean {:.3e}), scale {scale:.3}, band {:.3e}",
-        mean_diff(&b16, &r.decode),
-        BAND * scale
-    );
-    (dp, d16, scale)
-}
-
 fn check(dev: &Device) {
-    for (name, suffix, d) in [
-        (
-            "lightning_mixed",
-            "_w8a16",
-            Deviations {
-                fp8_weight_only: true,
-                ..Default::default()
-            },
-        ),
-        ("all_letters", "", Deviations::default()),
-    ] {
-        let (dp, d16, scale) = measure(dev, name, suffix, d);
-        assert!(
-            dp <= 1e-5 * scale,
-            "{name}{suffix}: the f32 state is off HF by {dp} (scale {scale})"
-        );
-        assert!(
-            d16 <= BAND * scale,
-            "{name}{suffix}: the bf16 state is off HF by {d16} > {BAND} × {scale}"
-        );
-        // The rounding does change the numbers: a bf16 cache that kept f32 would pass unseen.
-        assert!(
-            d16 > 10.0 * dp,
-            "{name}{suffix}: the bf16 state moved nothing ({d16} vs {dp})"
-        );
-    }
+    check_slot_option(dev, "bf16 state", BAND, |m| {
+        m.with_ssm_cache(SsmCacheDtype::Bf16).unwrap()
+    });
 }
 
 #[test]

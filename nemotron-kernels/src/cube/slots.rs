@@ -203,12 +203,13 @@ pub fn write_many_launch<R: CubeRuntime>(
     pool
 }
 
-/// Words of FP8 KV codes for a batch of prefilled sequences: unit `i` = `((b · A + a) · L + l) ·
-/// W + w` over `src` `[B, A, L, 4W]`, into `pool` `[S, A, M, W]` (rows with a negative slot
-/// skipped).
+/// Words of a packed pool for a batch of sequences: unit `i` = `((b · A + a) · L + l) · W + w`
+/// over `src` `[B, A, L, per·W]`, into `pool` `[S, A, M, W]` (rows with a negative slot skipped).
+/// `per` values a word: 4 E4M3 codes of `x / scale` (the FP8 KV cache, [`super::kv8`]) or 2 bf16
+/// (the bf16 SSM state, [`super::bf16`]; `scale` unused).
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn write_slots8_kernel<F: Float>(
+pub fn write_slots_packed_kernel<F: Float>(
     src: &[F],
     pool: &mut [u32],
     slots: &[i32],
@@ -218,6 +219,7 @@ pub fn write_slots8_kernel<F: Float>(
     l_dim: u32,
     w_dim: u32,
     scale: f32,
+    #[comptime] per: usize,
 ) {
     let i = ABSOLUTE_POS;
     if i >= total as usize {
@@ -235,20 +237,47 @@ pub fn write_slots8_kernel<F: Float>(
     let b = i / (w * l * a);
     let slot = slots[b];
     if slot >= 0 {
-        pool[((slot as usize * a + ai) * m + li) * w + wi] = kv_word(src, i * 4, scale);
+        let word = if per == 4 {
+            kv_word(src, i * 4, scale)
+        } else {
+            bf16_word(f32::cast_from(src[2 * i]), f32::cast_from(src[2 * i + 1]))
+        };
+        pool[((slot as usize * a + ai) * m + li) * w + wi] = word;
     }
 }
 
-/// [`write_slots8_kernel()`]'s launch: `pool` `[S, A, M, W]` I32 words, `src` `[B, A, L, 4W]`.
+/// [`write_slots_packed_kernel()`]'s launch for FP8 KV codes: `pool` `[S, A, M, W]` I32 words,
+/// `src` `[B, A, L, 4W]`.
 pub fn write_many8_launch<R: CubeRuntime>(
     pool: CubeTensor<R>,
     src: CubeTensor<R>,
     slots: CubeTensor<R>,
     scale: f32,
 ) -> CubeTensor<R> {
+    write_packed_launch(pool, src, slots, scale, 4, "write_slots8")
+}
+
+/// [`write_slots_packed_kernel()`]'s launch for bf16 pairs: `pool` `[S, A, M, W]` I32 words,
+/// `src` `[B, A, L, 2W]`.
+pub fn write_many_bf16_launch<R: CubeRuntime>(
+    pool: CubeTensor<R>,
+    src: CubeTensor<R>,
+    slots: CubeTensor<R>,
+) -> CubeTensor<R> {
+    write_packed_launch(pool, src, slots, 1.0, 2, "write_slots_bf16")
+}
+
+fn write_packed_launch<R: CubeRuntime>(
+    pool: CubeTensor<R>,
+    src: CubeTensor<R>,
+    slots: CubeTensor<R>,
+    scale: f32,
+    per: usize,
+    op: &str,
+) -> CubeTensor<R> {
     assert!(
         pool.is_contiguous() && pool.dtype == burn::tensor::DType::I32,
-        "write_slots8: the pool must be contiguous I32 words"
+        "{op}: the pool must be contiguous I32 words"
     );
     let src = float_buf(src);
     let slots = i32_buf(slots);
@@ -262,7 +291,7 @@ pub fn write_many8_launch<R: CubeRuntime>(
     let dtype = src.dtype;
     macro_rules! go {
         ($t:ty) => {
-            write_slots8_kernel::launch::<$t, R>(
+            write_slots_packed_kernel::launch::<$t, R>(
                 &pool.client,
                 count,
                 dim,
@@ -275,82 +304,7 @@ pub fn write_many8_launch<R: CubeRuntime>(
                 ss[2] as u32,
                 ps[3] as u32,
                 scale,
-            )
-        };
-    }
-    with_float!(dtype, go);
-    pool
-}
-
-/// Words of bf16 pairs for a batch of sequences' states: unit `i` = `((b · A + a) · L + l) · W +
-/// w` over `src` `[B, A, L, 2W]`, into `pool` `[S, A, M, W]` (rows with a negative slot skipped).
-#[cube(launch)]
-#[allow(clippy::too_many_arguments)]
-pub fn write_slots_bf16_kernel<F: Float>(
-    src: &[F],
-    pool: &mut [u32],
-    slots: &[i32],
-    total: u32,
-    a_dim: u32,
-    m_dim: u32,
-    l_dim: u32,
-    w_dim: u32,
-) {
-    let i = ABSOLUTE_POS;
-    if i >= total as usize {
-        terminate!();
-    }
-    let (a, m, l, w) = (
-        a_dim as usize,
-        m_dim as usize,
-        l_dim as usize,
-        w_dim as usize,
-    );
-    let wi = i % w;
-    let li = (i / w) % l;
-    let ai = (i / (w * l)) % a;
-    let b = i / (w * l * a);
-    let slot = slots[b];
-    if slot >= 0 {
-        pool[((slot as usize * a + ai) * m + li) * w + wi] =
-            bf16_word(f32::cast_from(src[2 * i]), f32::cast_from(src[2 * i + 1]));
-    }
-}
-
-/// [`write_slots_bf16_kernel()`]'s launch: `pool` `[S, A, M, W]` I32 words, `src` `[B, A, L, 2W]`.
-pub fn write_many_bf16_launch<R: CubeRuntime>(
-    pool: CubeTensor<R>,
-    src: CubeTensor<R>,
-    slots: CubeTensor<R>,
-) -> CubeTensor<R> {
-    assert!(
-        pool.is_contiguous() && pool.dtype == burn::tensor::DType::I32,
-        "write_slots_bf16: the pool must be contiguous I32 words"
-    );
-    let src = float_buf(src);
-    let slots = i32_buf(slots);
-    let ps = pool.meta.shape().clone();
-    let ss = src.meta.shape().clone();
-    let total = ss[0] * ss[1] * ss[2] * ps[3];
-    if total == 0 {
-        return pool;
-    }
-    let (count, dim) = elemwise(total);
-    let dtype = src.dtype;
-    macro_rules! go {
-        ($t:ty) => {
-            write_slots_bf16_kernel::launch::<$t, R>(
-                &pool.client,
-                count,
-                dim,
-                arg(&src),
-                arg(&pool),
-                arg(&slots),
-                total as u32,
-                ps[1] as u32,
-                ps[2] as u32,
-                ss[2] as u32,
-                ps[3] as u32,
+                per,
             )
         };
     }
