@@ -26,6 +26,37 @@ pub(crate) fn kv_read<P: Numeric>(
     }
 }
 
+/// Elements `at .. at + len` of a pool as f32 into `out` (as [`kv_read`] each). With FP8 codes
+/// and `at`, `len` multiples of 4 (`words`, known when compiled) each word is loaded once and its
+/// four codes decoded at fixed shifts, where the element-wise read loads it four times and
+/// shifts by a runtime amount (a decode step's key row: the FP8 cache's batch-1 cost, PERF 34).
+#[cube]
+pub(crate) fn kv_read_row<P: Numeric>(
+    pool: &mut [P],
+    at: usize,
+    out: &mut Array<f32>,
+    scale: f32,
+    #[comptime] len: usize,
+    #[comptime] fp8: bool,
+    #[comptime] words: bool,
+) {
+    if fp8 && words {
+        #[unroll]
+        for w in 0..len / 4 {
+            let word = u32::cast_from(pool[at / 4 + w]);
+            #[unroll]
+            for j in 0..4u32 {
+                out[4 * w + j as usize] = e4m3((word >> (8 * j)) & 255u32) * scale;
+            }
+        }
+    } else {
+        #[unroll]
+        for i in 0..len {
+            out[i] = kv_read(pool, at + i, scale, fp8);
+        }
+    }
+}
+
 /// What a pool gives back for `x` once stored: `x` (plain) or its E4M3 round trip.
 #[cube]
 pub(crate) fn kv_round(x: f32, scale: f32, #[comptime] fp8: bool) -> f32 {
