@@ -10,7 +10,7 @@ use burn::tensor::{DType, Device};
 use nemotron::loader::synth::{Geometry, SynthRecipe};
 use nemotron::model::{
     Engine, EngineOptions, Event, GenerateOptions, KvCacheDtype, NemotronH, RequestId, Sampling,
-    StopReason,
+    SsmCacheDtype, StopReason,
 };
 use std::collections::BTreeMap;
 
@@ -73,16 +73,32 @@ fn assert_alone(m: &NemotronH, reqs: &[(Vec<u32>, GenerateOptions)], got: &Got) 
 }
 
 fn check(dev: Device, dtype: DType, graphs: bool) {
-    check_slots(dev, dtype, graphs, 2, KvCacheDtype::Auto);
+    check_slots(
+        dev,
+        dtype,
+        graphs,
+        2,
+        KvCacheDtype::Auto,
+        SsmCacheDtype::F32,
+    );
 }
 
 /// With `slots` slots: 2 admits one greedy and one sampled request at first and then one at a
 /// time; 4 admits two greedy requests (and two sampled) in one prefill. With `kv` FP8 both the
-/// engine and the single sequences (the generator decodes through a slot too) hold E4M3 codes.
-fn check_slots(dev: Device, dtype: DType, graphs: bool, slots: usize, kv: KvCacheDtype) {
+/// engine and the single sequences (the generator decodes through a slot too) hold E4M3 codes;
+/// with `ssm` bf16, both hold the SSM state in bf16.
+fn check_slots(
+    dev: Device,
+    dtype: DType,
+    graphs: bool,
+    slots: usize,
+    kv: KvCacheDtype,
+    ssm: SsmCacheDtype,
+) {
     let dir = synth(SynthRecipe::LightningMixed, &Geometry::tiny(), 23);
     let m = NemotronH::load_as(dir.path(), &dev, dtype)
         .and_then(|m| m.with_kv_cache(kv))
+        .and_then(|m| m.with_ssm_cache(ssm))
         .unwrap();
     let reqs = requests(m.config().vocab_size);
     let mut opts = EngineOptions::new(slots, 32);
@@ -116,12 +132,26 @@ fn host_engine_equals_single_sequences() {
 /// Several greedy requests admitted by one prefill each take their own row's argmax.
 #[test]
 fn host_engine_admitting_four_equals_single_sequences() {
-    check_slots(host(), DType::F32, false, 4, KvCacheDtype::Auto);
+    check_slots(
+        host(),
+        DType::F32,
+        false,
+        4,
+        KvCacheDtype::Auto,
+        SsmCacheDtype::F32,
+    );
 }
 
 #[test]
 fn host_engine_over_an_fp8_kv_cache_equals_single_sequences() {
-    check_slots(host(), DType::F32, false, 4, KvCacheDtype::Fp8);
+    check_slots(
+        host(),
+        DType::F32,
+        false,
+        4,
+        KvCacheDtype::Fp8,
+        SsmCacheDtype::F32,
+    );
 }
 
 #[cfg(feature = "wgpu")]
@@ -133,6 +163,7 @@ fn wgpu_engine_over_an_fp8_kv_cache_equals_single_sequences() {
         false,
         2,
         KvCacheDtype::Fp8,
+        SsmCacheDtype::F32,
     );
 }
 
@@ -140,7 +171,55 @@ fn wgpu_engine_over_an_fp8_kv_cache_equals_single_sequences() {
 #[test]
 #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
 fn cuda_bf16_engine_over_an_fp8_kv_cache_with_graphs_equals_single_sequences() {
-    check_slots(Device::cuda(0), DType::BF16, true, 4, KvCacheDtype::Fp8);
+    check_slots(
+        Device::cuda(0),
+        DType::BF16,
+        true,
+        4,
+        KvCacheDtype::Fp8,
+        SsmCacheDtype::F32,
+    );
+}
+
+/// The bf16 SSM state in the engine: admitted in one prefill and stepped with the others, each
+/// request takes the tokens it takes alone (the generator holds the same bf16 state).
+#[test]
+fn host_engine_over_a_bf16_ssm_state_equals_single_sequences() {
+    check_slots(
+        host(),
+        DType::F32,
+        false,
+        4,
+        KvCacheDtype::Auto,
+        SsmCacheDtype::Bf16,
+    );
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_engine_over_a_bf16_ssm_state_equals_single_sequences() {
+    check_slots(
+        Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        DType::F32,
+        false,
+        2,
+        KvCacheDtype::Auto,
+        SsmCacheDtype::Bf16,
+    );
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+fn cuda_bf16_engine_over_a_bf16_ssm_state_with_graphs_equals_single_sequences() {
+    check_slots(
+        Device::cuda(0),
+        DType::BF16,
+        true,
+        4,
+        KvCacheDtype::Auto,
+        SsmCacheDtype::Bf16,
+    );
 }
 
 #[cfg(feature = "wgpu")]
