@@ -73,6 +73,10 @@ struct Args {
     /// The in-process server's KV cache (`serve --kv-cache-dtype`): auto | fp8.
     #[arg(long, default_value = "auto")]
     kv_cache_dtype: String,
+    /// The in-process server's Mamba SSM state (`serve --mamba-ssm-cache-dtype`): float32 |
+    /// bfloat16.
+    #[arg(long, default_value = "float32")]
+    mamba_ssm_cache_dtype: String,
     /// Mixed load: one request of this many prompt tokens sent into each level's streams.
     #[arg(long)]
     long_prompt: Option<usize>,
@@ -168,11 +172,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 || a.max_batch.is_some()
                 || a.slot_memory.is_some()
                 || a.kv_cache_dtype != "auto"
+                || a.mamba_ssm_cache_dtype != "float32"
             {
                 return Err(
-                    "--step-tokens, --prefill-chunk, --max-batch, --slot-memory and \
-                     --kv-cache-dtype size the in-process server: not with --url (give them to \
-                     that server's serve)"
+                    "--step-tokens, --prefill-chunk, --max-batch, --slot-memory, \
+                     --kv-cache-dtype and --mamba-ssm-cache-dtype size the in-process server: \
+                     not with --url (give them to that server's serve)"
                         .into(),
                 );
             }
@@ -207,6 +212,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .kv_cache_dtype
                 .parse()
                 .map_err(|e| format!("--kv-cache-dtype: {e}"))?;
+            o.ssm_cache = a
+                .mamba_ssm_cache_dtype
+                .parse()
+                .map_err(|e| format!("--mamba-ssm-cache-dtype: {e}"))?;
             o.graphs = match a.graphs.as_str() {
                 "on" => true,
                 "off" => false,

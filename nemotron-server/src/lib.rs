@@ -213,11 +213,13 @@ impl Server {
             }
         };
         eprintln!(
-            "engine: {} slots × {} tokens of context ({:.1} MiB of state, KV cache {}{}), queue {}",
+            "engine: {} slots × {} tokens of context ({:.1} MiB of state, KV cache {}, SSM state \
+             {}{}), queue {}",
             ready.max_batch,
             ready.context_length,
             ready.slot_bytes as f64 / (1 << 20) as f64,
             opts.kv_cache,
+            opts.ssm_cache,
             match opts.slot_memory {
                 Some(m) => format!(", sized from slot memory {m}"),
                 None => String::new(),

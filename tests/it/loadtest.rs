@@ -63,3 +63,38 @@ fn loadtest_refuses_long_options_without_a_long_prompt() {
         "{err}"
     );
 }
+
+/// `--mamba-ssm-cache-dtype bfloat16` reaches the in-process server (its start line says what
+/// it built, after `with_ssm_cache` took it); with `--url`, or misspelled, it is refused by name.
+#[test]
+fn loadtest_takes_the_ssm_cache_dtype() {
+    let run = |args: &[&str]| -> (bool, String) {
+        let o = std::process::Command::new(example("loadtest"))
+            .args(["--clients", "2", "--requests", "1", "--max-tokens", "3"])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), text)
+    };
+    let (ok, out) = run(&["--mamba-ssm-cache-dtype", "bfloat16"]);
+    assert!(ok && out.contains("SSM state bfloat16"), "{out}");
+    let (ok, out) = run(&[]);
+    assert!(ok && out.contains("SSM state float32"), "{out}");
+    let (ok, out) = run(&["--mamba-ssm-cache-dtype", "fp16"]);
+    assert!(
+        !ok && out.contains("--mamba-ssm-cache-dtype") && out.contains("fp16"),
+        "{out}"
+    );
+    let (ok, out) = run(&[
+        "--url",
+        "http://127.0.0.1:9",
+        "--mamba-ssm-cache-dtype",
+        "bfloat16",
+    ]);
+    assert!(!ok && out.contains("not with --url"), "{out}");
+}
