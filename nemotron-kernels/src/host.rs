@@ -425,26 +425,6 @@ fn ssm_step_bf16<F: HostPrimitive, I: HostPrimitive>(
     (y, words(&reference::bf16_bytes(&p.floats().0), ws))
 }
 
-fn write_slots_bf16<F: HostPrimitive, I: HostPrimitive>(pool: I, src: F, slots: I) -> I {
-    let ps = pool.dims();
-    let mut codes = pool.bytes().into_owned();
-    let (sv, ss) = src.floats();
-    let (a, m, c, l) = (ps[1], ps[2], 2 * ps[3], ss[2]);
-    for (b, slot) in slots.ints().into_iter().enumerate() {
-        if slot < 0 {
-            continue;
-        }
-        for ai in 0..a {
-            for li in 0..l {
-                let dst = 2 * ((slot as usize * a + ai) * m + li) * c;
-                let from = &sv[((b * a + ai) * l + li) * c..][..c];
-                codes[dst..dst + 2 * c].copy_from_slice(&reference::bf16_bytes(from));
-            }
-        }
-    }
-    words(&codes, ps)
-}
-
 #[allow(clippy::too_many_arguments)]
 /// The fused-row form: each row's `q | k | v` split on the host, then [`attention_step`]'s
 /// reference.
@@ -591,21 +571,39 @@ fn attention_step_qkv8<F: HostPrimitive, I: HostPrimitive>(
 }
 
 fn write_slots8<F: HostPrimitive, I: HostPrimitive>(pool: I, src: F, slots: I, scale: f32) -> I {
+    write_slots_packed(pool, src, slots, 4, |row| {
+        row.iter().map(|&x| reference::kv8_code(x, scale)).collect()
+    })
+}
+
+fn write_slots_bf16<F: HostPrimitive, I: HostPrimitive>(pool: I, src: F, slots: I) -> I {
+    write_slots_packed(pool, src, slots, 2, reference::bf16_bytes)
+}
+
+/// `pool[slots[b], a, l, :]` = the bytes `encode` gives for `src[b, a, l, :]`, `per` values to
+/// each I32 word of `pool` `[S, A, M, W]` (rows with a negative slot skipped).
+fn write_slots_packed<F: HostPrimitive, I: HostPrimitive>(
+    pool: I,
+    src: F,
+    slots: I,
+    per: usize,
+    encode: impl Fn(&[f32]) -> Vec<u8>,
+) -> I {
     let ps = pool.dims();
     let mut codes = pool.bytes().into_owned();
     let (sv, ss) = src.floats();
-    let (a, m, c, l) = (ps[1], ps[2], 4 * ps[3], ss[2]);
+    let (a, m, c, l) = (ps[1], ps[2], per * ps[3], ss[2]);
+    // Bytes of one row of `c` values.
+    let row = 4 * ps[3];
     for (b, slot) in slots.ints().into_iter().enumerate() {
         if slot < 0 {
             continue;
         }
         for ai in 0..a {
             for li in 0..l {
-                let dst = ((slot as usize * a + ai) * m + li) * c;
+                let dst = ((slot as usize * a + ai) * m + li) * row;
                 let from = &sv[((b * a + ai) * l + li) * c..][..c];
-                for (d, &x) in codes[dst..dst + c].iter_mut().zip(from) {
-                    *d = reference::kv8_code(x, scale);
-                }
+                codes[dst..dst + row].copy_from_slice(&encode(from));
             }
         }
     }

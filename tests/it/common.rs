@@ -244,6 +244,20 @@ pub fn example(name: &str) -> PathBuf {
     bin
 }
 
+/// Runs the example `name` with `args`: whether it succeeded, and its stdout then stderr.
+pub fn run_example(name: &str, args: &[&str]) -> (bool, String) {
+    let o = std::process::Command::new(example(name))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
 /// Teacher-forced decode rows through one slot: row 0 after the prompt (prefilled into the
 /// slot), row `i` after feeding `decode_ids[i − 1]` through `decode_slots`.
 pub fn slot_decode(m: &NemotronH, r: &Reference) -> Vec<f32> {

@@ -1,7 +1,7 @@
 //! The `loadtest` example's mixed load (issue 26): one long prompt sent into running streams, the
 //! streams' inter-token gaps split into before / during / after its admission.
 
-use crate::common::example;
+use crate::common::{example, run_example};
 use serde_json::Value;
 
 #[test]
@@ -68,18 +68,9 @@ fn loadtest_refuses_long_options_without_a_long_prompt() {
 /// it built, after `with_ssm_cache` took it); with `--url`, or misspelled, it is refused by name.
 #[test]
 fn loadtest_takes_the_ssm_cache_dtype() {
-    let run = |args: &[&str]| -> (bool, String) {
-        let o = std::process::Command::new(example("loadtest"))
-            .args(["--clients", "2", "--requests", "1", "--max-tokens", "3"])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status.success(), text)
+    let run = |args: &[&str]| {
+        let base = ["--clients", "2", "--requests", "1", "--max-tokens", "3"];
+        run_example("loadtest", &[&base[..], args].concat())
     };
     let (ok, out) = run(&["--mamba-ssm-cache-dtype", "bfloat16"]);
     assert!(ok && out.contains("SSM state bfloat16"), "{out}");

@@ -135,19 +135,10 @@ fn a_bf16_ssm_cache_is_refused_where_the_state_size_is_odd() {
 /// the model); without `--engine`, or misspelled, it is refused by name.
 #[test]
 fn bench_takes_the_ssm_cache_dtype() {
-    let run = |args: &[&str]| -> (bool, String) {
-        let o = std::process::Command::new(example("bench"))
-            .args(["--geometry", "tiny", "--prompt-len", "4", "--decode", "2"])
-            .args(["--repeats", "1", "--no-hf", "--batch", "2"])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        (o.status.success(), text)
+    let run = |args: &[&str]| {
+        let base = ["--geometry", "tiny", "--prompt-len", "4", "--decode", "2"];
+        let more = ["--repeats", "1", "--no-hf", "--batch", "2"];
+        run_example("bench", &[&base[..], &more[..], args].concat())
     };
     let (ok, out) = run(&["--engine", "--mamba-ssm-cache-dtype", "bfloat16"]);
     assert!(

@@ -309,8 +309,8 @@ pub fn ssm_step_kernel<F: Float, P: Numeric>(
     let pp0 = (CUBE_POS_X * CUBE_DIM_Y + UNIT_POS_Y) as usize * walk;
     let lane = UNIT_POS_X as usize;
     let lanes = CUBE_DIM_X as usize;
-    // A register share: `per` values a lane (`per` even where packed), else the strided loop.
-    let regs = comptime!(per > 0 && (!packed || per % 2 == 0));
+    // A register share of `per` values a lane (the launcher passes 0 for the strided loop).
+    let regs = comptime!(per > 0);
     let mut accs = Array::<f32>::new(walk);
     let mut xs = Array::<f32>::new(walk);
     #[unroll]
@@ -563,14 +563,14 @@ fn step_launch<R: CubeRuntime>(
     });
     let y = empty(&xbc, [rows, h, p], dtype);
     // A lane's share of a state row held in registers where it divides evenly (up to 8 values:
-    // `n` ≤ 256; an even count where packed); otherwise the strided loop.
-    let per = if n % SSM_LANES as usize == 0 && n / (SSM_LANES as usize) <= 8 {
-        n / SSM_LANES as usize
+    // `n` ≤ 256; whole words where packed); otherwise (0) the strided loop.
+    let lanes = SSM_LANES as usize;
+    let per = if n % lanes == 0 && n / lanes <= 8 && (!packed || (n / lanes) % 2 == 0) {
+        n / lanes
     } else {
         0
     };
-    let registers = per > 0 && (!packed || per % 2 == 0);
-    let walk = ssm_walk_plan(rows * h, p, registers, ssm_walk());
+    let walk = ssm_walk_plan(rows * h, p, per > 0, ssm_walk());
     let (gy, gz) = yz(rows * h);
     let count = CubeCount::Static(p.div_ceil(SSM_ROWS as usize * walk) as u32, gy, gz);
     // No floor: one below any softplus value (softplus > 0).
