@@ -43,7 +43,7 @@ struct Args {
     /// The slots' Mamba SSM state with --engine: float32 | bfloat16.
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
-    /// How each MoE layer runs its shared expert: apart | fold (`bench --shared-expert`).
+    /// How each MoE layer runs its shared expert: apart | fold | auto[:N] (`bench --shared-expert`).
     #[arg(long, default_value = "apart")]
     shared_expert: String,
     #[arg(long, default_value = "bf16")]

@@ -18,7 +18,8 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BuildOptions {
     /// How each MoE layer runs its shared expert (apart by default; `Fold` is refused, naming the
-    /// layer, where a shared expert cannot join its routed stack).
+    /// layer, where a shared expert cannot join its routed stack; `Auto` folds the quantized
+    /// layers that can, up to its rows a call, and runs the others apart).
     pub shared_expert: SharedExpert,
 }
 

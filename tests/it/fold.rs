@@ -22,6 +22,14 @@ fn fold() -> BuildOptions {
     }
 }
 
+/// Both layouts, folded for one-row calls only: the prompt runs apart and the decode through a
+/// slot folded, in one sequence (quantized experts; the dense fixtures stay apart under it).
+fn auto1() -> BuildOptions {
+    BuildOptions {
+        shared_expert: SharedExpert::Auto { max_rows: 1 },
+    }
+}
+
 fn check(dev: &Device) {
     let w8a16 = Deviations {
         fp8_weight_only: true,
@@ -34,19 +42,22 @@ fn check(dev: &Device) {
         ("lightning_mixed", "_w8a16", w8a16),
     ] {
         let r = reference(name, suffix);
-        let m =
-            NemotronH::load_with_deviations_and(fixture(name), dev, DType::F32, d, fold()).unwrap();
-        let (dp, dd, scale) = compare(&m, &r);
-        let (ds, _) = diff(&slot_decode(&m, &r), &r.decode);
-        eprintln!(
-            "{dev:?} {name}{suffix} folded: prefill max |Δ| {dp:.3e}, decode {dd:.3e}, decode \
-             through a slot {ds:.3e}, scale {scale:.3}"
-        );
-        for (what, v) in [("prefill", dp), ("decode", dd), ("slot decode", ds)] {
-            assert!(
-                v <= BAND * scale,
-                "{name}{suffix} folded: {what} max |Δ| {v} > {BAND} × {scale}"
+        for opts in [fold(), auto1()] {
+            let m = NemotronH::load_with_deviations_and(fixture(name), dev, DType::F32, d, opts)
+                .unwrap();
+            let (dp, dd, scale) = compare(&m, &r);
+            let (ds, _) = diff(&slot_decode(&m, &r), &r.decode);
+            let mode = opts.shared_expert;
+            eprintln!(
+                "{dev:?} {name}{suffix} {mode:?}: prefill max |Δ| {dp:.3e}, decode {dd:.3e}, \
+                 decode through a slot {ds:.3e}, scale {scale:.3}"
             );
+            for (what, v) in [("prefill", dp), ("decode", dd), ("slot decode", ds)] {
+                assert!(
+                    v <= BAND * scale,
+                    "{name}{suffix} {mode:?}: {what} max |Δ| {v} > {BAND} × {scale}"
+                );
+            }
         }
     }
 }
@@ -106,8 +117,10 @@ fn fold_is_refused_by_layer_where_the_forms_differ() {
         e.contains(&format!("backbone.layers.{i}.mixer.shared_experts")) && e.contains("form"),
         "{e}"
     );
-    // Apart, the same checkpoint builds.
+    // Apart, the same checkpoint builds; so it does under `Auto` ("where it can"), that layer
+    // apart.
     NemotronH::from_checkpoint(broken().1, &host(), DType::F32).unwrap();
+    NemotronH::from_checkpoint_with(broken().1, &host(), DType::F32, auto1()).unwrap();
 }
 
 /// `bench --shared-expert` is honoured: the line it prints counts the MoE layers the model was
@@ -147,4 +160,23 @@ fn bench_builds_the_shared_expert_as_asked() {
         )),
         "{fold}"
     );
+    // The tiny geometry's experts are dense: `auto` holds them apart (folding dense experts is
+    // slower, see `SharedExpert::Fold`).
+    let auto = run("auto");
+    assert!(
+        auto.contains("shared expert auto (0 MoE layers folded)"),
+        "{auto}"
+    );
+    let o = std::process::Command::new(example("bench"))
+        .args([
+            "--geometry",
+            "tiny",
+            "--no-hf",
+            "--shared-expert",
+            "auto:many",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("auto:N"), "{err}");
 }

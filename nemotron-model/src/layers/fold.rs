@@ -23,6 +23,28 @@ pub enum SharedExpert {
     /// on the host, `bench --engine --prompt-len 16 --batch 2 --decode 4 --repeats 1 --no-hf`:
     /// prefill 47.8 → 32.0 tok/s).
     Fold,
+    /// Both layouts held (the shared expert's weights twice on the device): calls of up to
+    /// `max_rows` rows run folded, larger ones apart. The fold paid at batch 1 and cost at
+    /// batch 64 on the H100 (`docs/PERF.md` §34: +9.4 %, −3.4 %). Quantized stacks only: a
+    /// layer whose experts are dense, or that [`fold_refusal`] refuses, runs apart.
+    Auto { max_rows: usize },
+}
+
+/// Rows up to which [`SharedExpert::Auto`] folds when no count is given (`auto`).
+pub const FOLD_AUTO_MAX_ROWS: usize = 8;
+
+impl SharedExpert {
+    /// The rows up to which a layer built this way folds (0: never), given whether the layer's
+    /// shared expert can fold and whether its experts are quantized.
+    pub fn fold_rows(self, foldable: bool, quantized: bool) -> usize {
+        match self {
+            SharedExpert::Apart => 0,
+            _ if !foldable => 0,
+            SharedExpert::Fold => usize::MAX,
+            SharedExpert::Auto { max_rows } if quantized => max_rows,
+            SharedExpert::Auto { .. } => 0,
+        }
+    }
 }
 
 impl std::str::FromStr for SharedExpert {
@@ -31,7 +53,15 @@ impl std::str::FromStr for SharedExpert {
         match s {
             "apart" => Ok(SharedExpert::Apart),
             "fold" => Ok(SharedExpert::Fold),
-            x => Err(format!("{x:?}: expected apart or fold")),
+            "auto" => Ok(SharedExpert::Auto {
+                max_rows: FOLD_AUTO_MAX_ROWS,
+            }),
+            x => match x.strip_prefix("auto:").map(str::parse) {
+                Some(Ok(max_rows)) => Ok(SharedExpert::Auto { max_rows }),
+                _ => Err(format!(
+                    "{x:?}: expected apart, fold, auto or auto:N (fold up to N rows)"
+                )),
+            },
         }
     }
 }

@@ -37,7 +37,13 @@ pub struct Moe {
     correction_bias: Tensor<1>,
     experts: Experts,
     shared: Option<Mlp>,
+    /// Routing as configured (`fixed` 0: the folded parts are added per call).
     route: RouteConfig,
+    /// The shared expert's parts stacked after the routed experts (0: none).
+    fold_parts: usize,
+    /// Rows up to which a call routes every token to those parts (weight 1) instead of running
+    /// `shared` ([`SharedExpert::fold_rows`]).
+    fold_rows: usize,
 }
 
 /// The routed experts of one layer, kept in the form they shipped.
@@ -92,11 +98,22 @@ impl Moe {
         bias_in_weights: bool,
         shared: SharedExpert,
     ) -> Self {
-        let mut fixed = 0;
-        if shared == SharedExpert::Fold && fold_refusal(&w).is_none() {
-            if let (Some(s), Some(e)) = (w.shared.take(), w.experts.first()) {
+        let quantized = w
+            .experts
+            .first()
+            .is_some_and(|e| matches!(e.up, W::Nvfp4(_) | W::Fp8(_)));
+        let fold_rows = shared.fold_rows(fold_refusal(&w).is_none(), quantized);
+        let mut fold_parts = 0;
+        if fold_rows > 0 {
+            // `Fold` gives the shared expert up; `Auto` keeps it for the calls it runs apart.
+            let s = if fold_rows == usize::MAX {
+                w.shared.take()
+            } else {
+                w.shared.clone()
+            };
+            if let (Some(s), Some(e)) = (s, w.experts.first()) {
                 let parts = fold_shared(s, e.up.out_features());
-                fixed = parts.len();
+                fold_parts = parts.len();
                 w.experts.extend(parts);
             }
         }
@@ -113,20 +130,39 @@ impl Moe {
                 norm_topk_prob: cfg.norm_topk_prob,
                 routed_scaling_factor: cfg.routed_scaling_factor as f32,
                 weights_from_biased: bias_in_weights,
-                fixed,
+                fixed: 0,
             },
+            fold_parts,
+            fold_rows: if fold_parts > 0 { fold_rows } else { 0 },
         }
     }
 
-    /// Whether the shared expert runs stacked with the routed experts (`SharedExpert::Fold`).
+    /// Whether the shared expert runs stacked with the routed experts for some calls
+    /// (`SharedExpert::Fold`, `SharedExpert::Auto`).
     pub fn shared_folded(&self) -> bool {
-        self.route.fixed > 0
+        self.fold_rows > 0
+    }
+
+    /// Whether a call over `rows` rows runs the shared expert stacked with the routed experts.
+    pub fn folds(&self, rows: usize) -> bool {
+        rows <= self.fold_rows
     }
 
     /// Routing for `x` `[N, hidden]`: `(indices [N, k], weights [N, k] f32)`.
+    /// Where the call folds ([`Self::folds`]), each token's top-k is followed by the shared
+    /// expert's parts (weight 1).
     pub fn route(&self, x: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
+        let route = self.route_for(x.dims()[0]);
         let logits = ops::dense_linear(x, self.router.clone());
-        ops::moe_route(logits, self.correction_bias.clone(), &self.route)
+        ops::moe_route(logits, self.correction_bias.clone(), &route)
+    }
+
+    /// The routing of a call over `rows` rows: the folded parts appended where it folds.
+    fn route_for(&self, rows: usize) -> RouteConfig {
+        RouteConfig {
+            fixed: if self.folds(rows) { self.fold_parts } else { 0 },
+            ..self.route
+        }
     }
 
     /// `h`: `[B, T, hidden]`.
@@ -146,8 +182,10 @@ impl Moe {
         let n = b * t;
         let x: Tensor<2> = h.reshape([n, hid]);
         let (idx, w) = self.route(x.clone());
-        // Routed slots, then the folded shared expert's (weight 1).
-        let k = self.route.top_k + self.route.fixed;
+        // Routed slots, then (folded) the shared expert's (weight 1).
+        let fold = self.folds(n);
+        let route = self.route_for(n);
+        let k = route.top_k + route.fixed;
         let dtype = x.dtype();
         let slots = idx.clone().reshape([n * k]);
         let routed = match &self.experts {
@@ -173,7 +211,10 @@ impl Moe {
         // The routed sum accumulates in f32 (as HF does), returns to the activation dtype, then
         // the shared expert is added: one launch for the stacked forms (`moe_combine`, or the
         // next norm's).
-        let shared = self.shared.as_ref().map(|s| s.forward(x.clone()));
+        let shared = match fold {
+            true => None,
+            false => self.shared.as_ref().map(|s| s.forward(x.clone())),
+        };
         match routed {
             Some(routed) => MoeOut::Parts { routed, w, shared },
             None => {
@@ -330,6 +371,8 @@ mod tests {
                 weights_from_biased: false,
                 fixed: 0,
             },
+            fold_parts: 0,
+            fold_rows: 0,
         }
     }
 
@@ -424,9 +467,9 @@ mod tests {
         }
     }
 
-    /// The shared expert folded into the stack (`SharedExpert::Fold`) gives the layer's output
-    /// apart, for NVFP4, FP8 and dense experts, with a shared width of 1.5 experts (the second
-    /// part half zero padding): the f32 sums in another order only.
+    /// The shared expert folded into the stack (`SharedExpert::Fold`, and `Auto` up to its rows)
+    /// gives the layer's output apart, for NVFP4, FP8 and dense experts, with a shared width of
+    /// 1.5 experts (the second part half zero padding): the f32 sums in another order only.
     #[test]
     fn folded_shared_expert_equals_apart() {
         use nemotron_loader::{
@@ -518,18 +561,45 @@ mod tests {
                 }),
             };
             assert_eq!(fold_refusal(&weights), None, "{name}");
-            let run = |mode| -> Vec<f32> {
+            // The 10 rows of `h` folded or not, as each mode says for them.
+            let run = |mode, folds: bool| -> Vec<f32> {
                 let m = Moe::from_weights(weights.clone(), &cfg, &dev, DType::F32, false, mode);
-                assert_eq!(m.route.fixed, usize::from(mode == SharedExpert::Fold) * 2);
+                let held = match mode {
+                    SharedExpert::Apart => false,
+                    SharedExpert::Fold => true,
+                    SharedExpert::Auto { .. } => name != "dense",
+                };
+                assert_eq!(m.fold_parts, usize::from(held) * 2, "{name} {mode:?}");
+                assert_eq!(
+                    m.shared.is_some(),
+                    mode != SharedExpert::Fold,
+                    "{name} {mode:?}"
+                );
+                assert_eq!(m.folds(10), folds, "{name} {mode:?}");
+                let (idx, _) = m.route(h.clone().reshape([10, hid]));
+                assert_eq!(
+                    idx.dims(),
+                    [10, 2 + usize::from(folds) * 2],
+                    "{name} {mode:?}"
+                );
                 m.forward(h.clone()).into_data().into_vec().unwrap()
             };
-            let (a, b) = (run(SharedExpert::Apart), run(SharedExpert::Fold));
-            let (d, scale) = max_diff(&b, &a);
-            assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
-            assert!(
-                d <= 1e-5 * scale,
-                "{name}: folded off apart by {d} at scale {scale}"
-            );
+            let a = run(SharedExpert::Apart, false);
+            // Auto holds both layouts: folded up to its rows, apart past them; dense experts
+            // never fold under it.
+            for (mode, folds) in [
+                (SharedExpert::Fold, true),
+                (SharedExpert::Auto { max_rows: 10 }, name != "dense"),
+                (SharedExpert::Auto { max_rows: 9 }, false),
+            ] {
+                let b = run(mode, folds);
+                let (d, scale) = max_diff(&b, &a);
+                assert!(scale > 0.1, "{name}: a vanishing output proves nothing");
+                assert!(
+                    d <= 1e-5 * scale,
+                    "{name} {mode:?}: off apart by {d} at scale {scale}"
+                );
+            }
         }
     }
 }
