@@ -643,6 +643,30 @@ fn advance_lens<I: HostPrimitive>(lens: I, slots: I) -> I {
     I::from_data(TensorData::new(l, [n]))
 }
 
+fn moe_group<I: HostPrimitive>(experts: I, n_experts: usize) -> (I, I) {
+    let ids = experts.ints();
+    let mut counts = vec![0i32; 2 * n_experts];
+    let mut groups = vec![vec![]; n_experts];
+    for (s, &e) in ids.iter().enumerate() {
+        if (0..n_experts as i64).contains(&e) {
+            counts[e as usize] += 1;
+            groups[e as usize].push(s as i32);
+        }
+    }
+    let mut members: Vec<i32> = groups.concat();
+    let mut run = 0;
+    for e in 0..n_experts {
+        counts[n_experts + e] = run;
+        run += counts[e];
+    }
+    let n = ids.len().max(1);
+    members.resize(n, 0);
+    (
+        I::from_data(TensorData::new(counts, [2 * n_experts])),
+        I::from_data(TensorData::new(members, [n])),
+    )
+}
+
 fn write_slot<F: HostPrimitive>(pool: F, src: F, slot: usize) -> F {
     let (mut p, ps) = pool.floats();
     let (sv, ss) = src.floats();
@@ -1037,6 +1061,15 @@ macro_rules! host_backend {
                 slots: burn::backend::tensor::IntTensor<Self>,
             ) -> burn::backend::tensor::IntTensor<Self> {
                 advance_lens(lens, slots)
+            }
+            fn moe_group(
+                experts: burn::backend::tensor::IntTensor<Self>,
+                n_experts: usize,
+            ) -> (
+                burn::backend::tensor::IntTensor<Self>,
+                burn::backend::tensor::IntTensor<Self>,
+            ) {
+                moe_group(experts, n_experts)
             }
             fn contiguous(
                 x: burn::backend::tensor::FloatTensor<Self>,

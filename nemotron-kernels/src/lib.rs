@@ -555,6 +555,14 @@ pub trait NemotronOps: Backend {
     /// `lens[slots[b]] += 1` for every non-pad row, in place. Returns `lens`.
     fn advance_lens(lens: IntTensor<Self>, slots: IntTensor<Self>) -> IntTensor<Self>;
 
+    /// The routing slots `experts` `[S]` (expert ids) grouped by expert, as the grouped
+    /// tensor-core kernels read them: `counts` `[2E]` (`counts[e]` slots routed to `e`,
+    /// `counts[E + e] = Σ_{e' < e} counts[e']` where they start) and `members` `[max(S, 1)]`
+    /// (the slots of expert `e` at `counts[E + e] ..`, in no set order within it; ids outside
+    /// `0..E` join no group). I32 both. CUDA runs it inside prefill's grouped kernels; an op so
+    /// every arm can test it.
+    fn moe_group(experts: IntTensor<Self>, n_experts: usize) -> (IntTensor<Self>, IntTensor<Self>);
+
     /// `x` in a dense row-major buffer (CUDA's default allocation may pitch rows; the slot pools
     /// are written in place by kernels that index dense buffers). A no-op where already dense.
     fn contiguous(x: FloatTensor<Self>) -> FloatTensor<Self>;

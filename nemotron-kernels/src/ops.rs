@@ -1109,6 +1109,14 @@ pub fn advance_lens(lens: Tensor<1, Int>, slots: &Tensor<1, Int>) -> Tensor<1, I
     ))
 }
 
+/// The routing slots `experts` `[S]` grouped by expert: `(counts [2E], members [max(S, 1)])`
+/// (see [`NemotronOps::moe_group`]).
+pub fn moe_group(experts: Tensor<1, Int>, n_experts: usize) -> (Tensor<1, Int>, Tensor<1, Int>) {
+    assert!(n_experts > 0, "moe_group: no experts");
+    let (c, m) = <D as NemotronOps>::moe_group(experts.into_dispatch(), n_experts);
+    (Tensor::from_dispatch(c), Tensor::from_dispatch(m))
+}
+
 /// `x` in a dense row-major buffer (slot pools must be, to be written in place).
 pub fn contiguous<const N: usize>(x: Tensor<N>) -> Tensor<N> {
     out(<D as NemotronOps>::contiguous(x.into_dispatch()))

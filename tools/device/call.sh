@@ -38,6 +38,10 @@
 #                memory (bench --slot-memory F), on the in-memory weights
 #   load29 C     issue 29's before/after: loadtest of a308dbc, of b4e2c45 and of this build at C
 #                clients, one after another (loadtest_before/_after packed by hand, PERF 34)
+#   bsweep S     engine decode at batch 64 and 256 after 128-token prompts, slots from 0.3 of the
+#                free memory, once per --mma-min setting of the ;-separated S (in-memory weights)
+#   bold         issue 27's before/after: bench built at 059cb70^ (examples/bench_before, packed
+#                by hand) and this build, decode at 1 / 16 / 64 after 128 tokens and a 1K prefill
 #   bkv KV       engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
 #                (auto | fp8; bench --kv-cache-dtype), slots from 0.3 of the free memory
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
@@ -198,6 +202,22 @@ while [ $# -gt 0 ]; do
         run decode.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 256 --decode 32 --repeats 2 \
           --no-hf --slot-memory "$1"; shift ;;
+    bsweep)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        run sweep.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 128 --batch 64,256 --decode 32 --repeats 2 \
+          --no-hf --slot-memory 0.3 "${margs[@]}" ;;
+    bold)
+        # Issue 27's before: bench built at 059cb70^ (packed by hand as examples/bench_before),
+        # then this build, on the same checkpoint: decode at 1, 16 and 64 after 128-token
+        # prompts, and a 1K prefill.
+        for v in _before ""; do
+          bench old27.log $B/examples/bench$v --backend cuda --dtype bf16 --model $LT --engine \
+            --graphs on --prompt-len 128 --batch 1,16,64 --decode 64 --repeats 2 --no-hf
+          bench old27.log $B/examples/bench$v --backend cuda --dtype bf16 --model $LT --engine \
+            --graphs on --prompt-len 1024 --batch 1 --decode 8 --repeats 2 --no-hf
+        done ;;
     bkv)
         run decode.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 1,64,256 --decode 32 \

@@ -415,6 +415,15 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         slots::advance_launch(lens, slots)
     }
 
+    fn moe_group(experts: T<R>, n_experts: usize) -> (T<R>, T<R>) {
+        let experts = burn_cubecl::kernel::into_contiguous(experts);
+        let (mut counts, mut members) = moe::group(&experts, n_experts);
+        // U32 buffers of values below 2^31: the same bits as I32.
+        counts.dtype = burn::tensor::DType::I32;
+        members.dtype = burn::tensor::DType::I32;
+        (counts, members)
+    }
+
     fn contiguous(x: T<R>) -> T<R> {
         burn_cubecl::kernel::into_contiguous(x)
     }

@@ -834,6 +834,7 @@ arms! {
     add_rms_norm => norm::add_rms_norm_matches,
     add_moe_rms_norm => norm::add_moe_rms_norm_matches,
     moe_route => route::moe_route_matches,
+    moe_group => route::moe_group_matches,
     moe_combine => route::moe_combine_matches,
     dt_softplus => mamba::dt_softplus_matches,
     causal_conv1d => mamba::conv_matches,

@@ -90,3 +90,48 @@ pub fn moe_combine_matches(arm: &Arm) {
         );
     }
 }
+
+/// The routing slots grouped by expert (the device sort of CUDA's grouped prefill kernels):
+/// counts and start offsets exactly as counted here, each expert's members the slots that chose
+/// it (in any order). Cases: an expert every slot-group takes, one taken once, one never, ids
+/// outside `0..E` (no group); Lightning's 130 experts (with the folded shared expert) at a
+/// batch-256 step's 1,536 slots; more experts than one cube's units (the one-unit kernel).
+pub fn moe_group_matches(arm: &Arm) {
+    use burn::tensor::{Int, Tensor};
+    let mut rng = Rng::new(61, &Arm::host());
+    let ints =
+        |t: Tensor<1, Int>| -> Vec<i64> { t.into_data().convert::<i64>().into_vec().unwrap() };
+    for (e, slots) in [(8usize, 1080usize), (130, 1536), (2000, 300), (32, 1)] {
+        let mut ids: Vec<i64> = (0..slots)
+            .map(|s| match s % 7 {
+                0 => 0,
+                _ => 1 + (((rng.next() + 1.0) * 0.5 * (e - 2) as f32) as i64).min(e as i64 - 3),
+            })
+            .collect();
+        if slots > 10 {
+            ids[3] = e as i64 - 2;
+            ids[4] = -1;
+            ids[5] = e as i64;
+        }
+        let (counts, members) = ops::moe_group(arm.int(&ids), e);
+        let (counts, members) = (ints(counts), ints(members));
+        let name = format!("moe_group {e} experts, {slots} slots");
+        assert_eq!(counts.len(), 2 * e, "{name}");
+        let mut run = 0;
+        for x in 0..e {
+            let want: Vec<i64> = (0..slots as i64)
+                .filter(|&s| ids[s as usize] == x as i64)
+                .collect();
+            assert_eq!(counts[x], want.len() as i64, "{name}: count of expert {x}");
+            assert_eq!(counts[e + x], run, "{name}: start of expert {x}");
+            let (a, b) = (run as usize, run as usize + want.len());
+            let mut got = members[a..b].to_vec();
+            got.sort();
+            assert_eq!(got, want, "{name}: members of expert {x}");
+            run += want.len() as i64;
+        }
+        if e > 2 && slots > 10 {
+            assert_eq!(counts[e - 1], 0, "{name}: an expert no slot chose");
+        }
+    }
+}
