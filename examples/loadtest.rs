@@ -17,6 +17,7 @@
 //! `--prefill-chunk` bound it).
 
 use clap::Parser;
+use nemotron::model::BuildOptions;
 use nemotron::synth_text::write_tiny_text_checkpoint;
 use nemotron::{BackendKind, DType, TextModel};
 use nemotron_server::{Server, ServerOptions};
@@ -77,6 +78,10 @@ struct Args {
     /// bfloat16.
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
+    /// The in-process server's shared experts (`serve --shared-expert`): apart | fold |
+    /// auto[:N].
+    #[arg(long, default_value = "apart")]
+    shared_expert: String,
     /// Mixed load: one request of this many prompt tokens sent into each level's streams.
     #[arg(long)]
     long_prompt: Option<usize>,
@@ -173,11 +178,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 || a.slot_memory.is_some()
                 || a.kv_cache_dtype != "auto"
                 || a.mamba_ssm_cache_dtype != "float32"
+                || a.shared_expert != "apart"
             {
                 return Err(
                     "--step-tokens, --prefill-chunk, --max-batch, --slot-memory, \
-                     --kv-cache-dtype and --mamba-ssm-cache-dtype size the in-process server: \
-                     not with --url (give them to that server's serve)"
+                     --kv-cache-dtype, --mamba-ssm-cache-dtype and --shared-expert size the \
+                     in-process server: not with --url (give them to that server's serve)"
                         .into(),
                 );
             }
@@ -224,8 +230,21 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = nemotron::loader::read_config(&dir)?.0;
             vocab = cfg.vocab_size;
             let t0 = Instant::now();
+            let build = BuildOptions {
+                shared_expert: a
+                    .shared_expert
+                    .parse()
+                    .map_err(|e| format!("--shared-expert: {e}"))?,
+            };
+            let mode = a.shared_expert.clone();
             server = Server::start(
-                move || TextModel::load(&dir, &dev, dtype.burn()),
+                move || {
+                    let tm = TextModel::load_with(&dir, &dev, dtype.burn(), build, |_| {})?;
+                    // What the model was built with, layer by layer.
+                    let (folds, moe) = tm.model.shared_expert_folds();
+                    eprintln!("shared expert {mode}: {folds} of {moe} MoE layers fold it");
+                    Ok(tm)
+                },
                 o,
                 "127.0.0.1:0",
             )?;

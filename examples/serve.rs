@@ -19,6 +19,7 @@
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use nemotron::model::BuildOptions;
 use nemotron::synth_text::write_tiny_text_checkpoint;
 use nemotron::{BackendKind, DType, Error, TextModel};
 use nemotron_server::{Server, ServerOptions};
@@ -72,6 +73,11 @@ struct Args {
     /// and writes; the new state rounded to nearest even each step)
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
+    /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
+    /// with the routed experts) | auto[:N] (both held: steps of up to N rows folded, 8 by
+    /// default; quantized experts only)
+    #[arg(long, default_value = "apart")]
+    shared_expert: String,
     /// flex | ndarray | cuda | wgpu
     #[arg(long, default_value = "flex")]
     backend: String,
@@ -145,13 +151,22 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         ProgressBar::hidden()
     };
-    let (pb2, dir2) = (pb.clone(), dir.clone());
+    let build = BuildOptions {
+        shared_expert: a
+            .shared_expert
+            .parse()
+            .map_err(|e| format!("--shared-expert: {e}"))?,
+    };
+    let (pb2, dir2, mode) = (pb.clone(), dir.clone(), a.shared_expert.clone());
     let load = move || -> Result<TextModel, Error> {
-        let tm = TextModel::load_with_progress(&dir2, &dev, dtype.burn(), |p| {
+        let tm = TextModel::load_with(&dir2, &dev, dtype.burn(), build, |p| {
             pb2.set_length(p.bytes_total);
             pb2.set_position(p.bytes_done);
         })?;
         pb2.finish_and_clear();
+        // What the model was built with, layer by layer, not what was asked.
+        let (folds, moe) = tm.model.shared_expert_folds();
+        eprintln!("shared expert {mode}: {folds} of {moe} MoE layers fold it");
         Ok(tm)
     };
     let server = Server::start(load, o, (a.host.as_str(), a.port))?;

@@ -5,7 +5,7 @@ use crate::error::Error;
 use crate::text::{TokenStream, Tokenizer};
 use burn::tensor::{DType, Device};
 use nemotron_loader::{Checkpoint, LoadOptions, LoadProgress};
-use nemotron_model::{GenerateOptions, NemotronH, Sampling, StopReason};
+use nemotron_model::{BuildOptions, GenerateOptions, NemotronH, Sampling, StopReason};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -120,6 +120,18 @@ impl TextModel {
         dtype: DType,
         progress: impl FnMut(LoadProgress),
     ) -> Result<Self, Error> {
+        Self::load_with(dir, device, dtype, BuildOptions::default(), progress)
+    }
+
+    /// [`Self::load_with_progress`] with the model's weight layouts chosen by `opts`
+    /// (`serve --shared-expert`).
+    pub fn load_with(
+        dir: impl AsRef<Path>,
+        device: &Device,
+        dtype: DType,
+        opts: BuildOptions,
+        progress: impl FnMut(LoadProgress),
+    ) -> Result<Self, Error> {
         let dir = dir.as_ref();
         let tokenizer = Tokenizer::from_dir(dir)?;
         // A tokenizer that can produce ids past the embedding table is refused before the load.
@@ -142,7 +154,7 @@ impl TextModel {
             },
         )?;
         let defaults = GenerationDefaults::from_dir(dir, &ck.config.eos_token_ids)?;
-        let model = NemotronH::from_checkpoint(ck, device, dtype)?;
+        let model = NemotronH::from_checkpoint_with(ck, device, dtype, opts)?;
         Ok(TextModel {
             model,
             tokenizer,

@@ -263,6 +263,16 @@ impl NemotronH {
         &self.layers
     }
 
+    /// The MoE layers that run their shared expert stacked with the routed experts for some
+    /// calls, and all MoE layers (how [`BuildOptions::shared_expert`] came out, layer by layer).
+    pub fn shared_expert_folds(&self) -> (usize, usize) {
+        let moe = self.layers.iter().filter_map(|b| match b.mixer() {
+            Mixer::Moe(m) => Some(m.shared_folded()),
+            _ => None,
+        });
+        moe.fold((0, 0), |(f, n), folds| (f + usize::from(folds), n + 1))
+    }
+
     /// What the loader found (when built from a checkpoint).
     pub fn report(&self) -> Option<&LoadReport> {
         self.report.as_ref()

@@ -89,3 +89,34 @@ fn loadtest_takes_the_ssm_cache_dtype() {
     ]);
     assert!(!ok && out.contains("not with --url"), "{out}");
 }
+
+/// `--shared-expert` reaches the in-process server's model (the line it prints counts the MoE
+/// layers the model was built to fold, from the model): every layer under `fold` and under
+/// `auto` (the tiny model's experts are quantized), none apart; misspelled or with `--url`,
+/// refused.
+#[test]
+fn loadtest_takes_the_shared_expert() {
+    let run = |args: &[&str]| {
+        let base = ["--clients", "1", "--requests", "1", "--max-tokens", "2"];
+        run_example("loadtest", &[&base[..], args].concat())
+    };
+    let layers = |out: &str, mode: &str| -> (usize, usize) {
+        let tail = out
+            .split(&format!("shared expert {mode}: "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no shared-expert line for {mode}: {out}"));
+        let w: Vec<&str> = tail.split_whitespace().collect();
+        (w[0].parse().unwrap(), w[2].parse().unwrap())
+    };
+    let (ok, out) = run(&["--shared-expert", "fold"]);
+    let (f, n) = layers(&out, "fold");
+    assert!(ok && n > 0 && f == n, "{out}");
+    let (ok, out) = run(&[]);
+    assert!(ok && layers(&out, "apart") == (0, n), "{out}");
+    let (ok, out) = run(&["--shared-expert", "auto"]);
+    assert!(ok && layers(&out, "auto") == (n, n), "{out}");
+    let (ok, out) = run(&["--shared-expert", "sideways"]);
+    assert!(!ok && out.contains("--shared-expert"), "{out}");
+    let (ok, out) = run(&["--url", "http://127.0.0.1:9", "--shared-expert", "fold"]);
+    assert!(!ok && out.contains("not with --url"), "{out}");
+}
