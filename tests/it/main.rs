@@ -15,5 +15,6 @@ mod hf_parity;
 mod imports;
 mod kv8;
 mod loadtest;
+mod serve_cli;
 mod slots;
 mod ssm16;
