@@ -145,7 +145,7 @@ impl Moe {
 
     /// Whether a call over `rows` rows runs the shared expert stacked with the routed experts.
     pub fn folds(&self, rows: usize) -> bool {
-        rows <= self.fold_rows
+        self.fold_parts > 0 && rows <= self.fold_rows
     }
 
     /// Routing for `x` `[N, hidden]`: `(indices [N, k], weights [N, k] f32)`.
