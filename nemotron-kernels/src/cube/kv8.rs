@@ -57,6 +57,33 @@ pub(crate) fn kv_read_row<P: Numeric>(
     }
 }
 
+/// Elements `d0 .. d0 + half` of the key a decode step attends at one position, into `out`:
+/// the step's own token (`own`) from `k[from ..]`, rounded as its pool stores it, so it reads
+/// what later steps will; an earlier one from the pool row at element `at` ([`kv_read_row`],
+/// word-aligned where `half` is a multiple of 4: then so are the head dim and `d0`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn kv_key_half<F: Float, P: Numeric>(
+    k: &[F],
+    from: usize,
+    pool: &mut [P],
+    at: usize,
+    own: bool,
+    out: &mut Array<f32>,
+    scale: f32,
+    #[comptime] half: usize,
+    #[comptime] fp8: bool,
+) {
+    if own {
+        #[unroll]
+        for i in 0..half {
+            out[i] = kv_round(f32::cast_from(k[from + i]), scale, fp8);
+        }
+    } else {
+        kv_read_row(pool, at, out, scale, half, fp8, comptime!(half % 4 == 0));
+    }
+}
+
 /// What a pool gives back for `x` once stored: `x` (plain) or its E4M3 round trip.
 #[cube]
 pub(crate) fn kv_round(x: f32, scale: f32, #[comptime] fp8: bool) -> f32 {

@@ -3,7 +3,7 @@
 //! [`super::merge`]).
 
 use super::ATTN_CHUNK;
-use crate::cube::kv8::{kv_read, kv_read_row, kv_round, kv_store};
+use crate::cube::kv8::{kv_key_half, kv_read, kv_round, kv_store};
 use cubecl::prelude::*;
 
 /// Units per cube of [`attn_gqa_kernel()`]: two per position of a [`ATTN_CHUNK`] chunk.
@@ -118,24 +118,17 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     let d0 = (u / ATTN_CHUNK) * half;
     let t = (t0 + p).min(n - 1);
     let mut kv = Array::<f32>::new(half);
-    if t == len {
-        #[unroll]
-        for i in 0..half {
-            kv[i] = kv_round(f32::cast_from(k[kb0 + d0 + i]), k_scale, fp8);
-        }
-    } else {
-        // Word-aligned where `half` is a multiple of 4 (then so are `hd` and `d0`).
-        let kb = (kvb + t) * hd + d0;
-        kv_read_row(
-            kpool,
-            kb,
-            &mut kv,
-            k_scale,
-            half,
-            fp8,
-            comptime!(half % 4 == 0),
-        );
-    }
+    kv_key_half(
+        k,
+        kb0 + d0,
+        kpool,
+        (kvb + t) * hd + d0,
+        t == len,
+        &mut kv,
+        k_scale,
+        half,
+        fp8,
+    );
     sync_cube();
     let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
     #[unroll]

@@ -2,7 +2,7 @@
 //! takes the chunk's softmax partials and `Σ p·V` in one launch (then [`super::merge`]).
 
 use super::ATTN_CHUNK;
-use crate::cube::kv8::{kv_read, kv_read_row, kv_round, kv_store};
+use crate::cube::kv8::{kv_key_half, kv_read, kv_round, kv_store};
 use cubecl::prelude::*;
 
 /// Context positions per cube of [`attn_split_kernel()`].
@@ -88,24 +88,17 @@ pub fn attn_split_kernel<F: Float, P: Numeric>(
     let t = (t0 + p).min(n - 1);
     let qb = b * q_row as usize + h * hd + d0;
     let mut kv = Array::<f32>::new(half);
-    if t == len {
-        #[unroll]
-        for i in 0..half {
-            kv[i] = kv_round(f32::cast_from(k[kb0 + d0 + i]), k_scale, fp8);
-        }
-    } else {
-        // Word-aligned where `half` is a multiple of 4 (then so are `hd` and `d0`).
-        let kb = (kvb + t) * hd + d0;
-        kv_read_row(
-            kpool,
-            kb,
-            &mut kv,
-            k_scale,
-            half,
-            fp8,
-            comptime!(half % 4 == 0),
-        );
-    }
+    kv_key_half(
+        k,
+        kb0 + d0,
+        kpool,
+        (kvb + t) * hd + d0,
+        t == len,
+        &mut kv,
+        k_scale,
+        half,
+        fp8,
+    );
     let mut dot = 0.0f32;
     #[unroll]
     for i in 0..half {
