@@ -79,9 +79,9 @@ struct Args {
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
     /// The in-process server's shared experts (`serve --shared-expert`): apart | fold |
-    /// auto[:N].
-    #[arg(long, default_value = "apart")]
-    shared_expert: String,
+    /// auto[:N] (default: auto, as serve's).
+    #[arg(long)]
+    shared_expert: Option<String>,
     /// Mixed load: one request of this many prompt tokens sent into each level's streams.
     #[arg(long)]
     long_prompt: Option<usize>,
@@ -178,7 +178,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 || a.slot_memory.is_some()
                 || a.kv_cache_dtype != "auto"
                 || a.mamba_ssm_cache_dtype != "float32"
-                || a.shared_expert != "apart"
+                || a.shared_expert.is_some()
             {
                 return Err(
                     "--step-tokens, --prefill-chunk, --max-batch, --slot-memory, \
@@ -233,10 +233,12 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let build = BuildOptions {
                 shared_expert: a
                     .shared_expert
+                    .as_deref()
+                    .unwrap_or("auto")
                     .parse()
                     .map_err(|e| format!("--shared-expert: {e}"))?,
             };
-            let mode = a.shared_expert.clone();
+            let mode = a.shared_expert.clone().unwrap_or_else(|| "auto".into());
             server = Server::start(
                 move || {
                     let tm = TextModel::load_with(&dir, &dev, dtype.burn(), build, |_| {})?;

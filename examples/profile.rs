@@ -44,7 +44,7 @@ struct Args {
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart | fold | auto[:N] (`bench --shared-expert`).
-    #[arg(long, default_value = "apart")]
+    #[arg(long, default_value = "auto")]
     shared_expert: String,
     #[arg(long, default_value = "bf16")]
     dtype: String,

@@ -75,8 +75,8 @@ struct Args {
     mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
     /// with the routed experts) | auto[:N] (both held: steps of up to N rows folded, 8 by
-    /// default; quantized experts only)
-    #[arg(long, default_value = "apart")]
+    /// default; quantized experts only). Default: auto
+    #[arg(long, default_value = "auto")]
     shared_expert: String,
     /// flex | ndarray | cuda | wgpu
     #[arg(long, default_value = "flex")]

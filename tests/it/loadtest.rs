@@ -91,9 +91,9 @@ fn loadtest_takes_the_ssm_cache_dtype() {
 }
 
 /// `--shared-expert` reaches the in-process server's model (the line it prints counts the MoE
-/// layers the model was built to fold, from the model): every layer under `fold` and under
-/// `auto` (the tiny model's experts are quantized), none apart; misspelled or with `--url`,
-/// refused.
+/// layers the model was built to fold, from the model): every layer under `fold`, under `auto`
+/// and by default (auto; the tiny model's experts are quantized), none apart; misspelled or with
+/// `--url`, refused.
 #[test]
 fn loadtest_takes_the_shared_expert() {
     let run = |args: &[&str]| {
@@ -111,8 +111,10 @@ fn loadtest_takes_the_shared_expert() {
     let (ok, out) = run(&["--shared-expert", "fold"]);
     let (f, n) = layers(&out, "fold");
     assert!(ok && n > 0 && f == n, "{out}");
-    let (ok, out) = run(&[]);
+    let (ok, out) = run(&["--shared-expert", "apart"]);
     assert!(ok && layers(&out, "apart") == (0, n), "{out}");
+    let (ok, out) = run(&[]);
+    assert!(ok && layers(&out, "auto") == (n, n), "the default: {out}");
     let (ok, out) = run(&["--shared-expert", "auto"]);
     assert!(ok && layers(&out, "auto") == (n, n), "{out}");
     let (ok, out) = run(&["--shared-expert", "sideways"]);

@@ -118,6 +118,7 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
         PrefillKernels::Auto => {
             m.grouped = linear::plan::MmaMin::default().grouped;
             m.tile = linear::plan::MmaMin::default().tile;
+            m.tile_slots = linear::plan::MmaMin::default().tile_slots;
             m.fp8_tile = linear::plan::MmaMin::default().fp8_tile;
             m.fp8_gemm = linear::plan::MmaMin::default().fp8_gemm;
             linear::mma::set_sort_min_slots(linear::mma::MMA_MAX_SLOTS + 1);
@@ -125,6 +126,7 @@ pub fn set_prefill_kernels(k: PrefillKernels) {
         PrefillKernels::Tiled => {
             m.grouped = 1;
             m.tile = 1;
+            m.tile_slots = 1;
             m.fp8_tile = 1;
             m.fp8_gemm = 1;
             linear::mma::set_sort_min_slots(1);

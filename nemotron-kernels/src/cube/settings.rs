@@ -108,7 +108,8 @@ impl Settings {
     /// The library's defaults changed by `text`: either `ROWS,SLOTS` (every plain and
     /// slot-major tensor-core path from ROWS rows, grouped routing from SLOTS slots) or
     /// comma-separated `key=value` items — `nvfp4`, `fp8`, `dense`, `slotmajor`, `grouped`,
-    /// `tile` (the tiled NVFP4 kernel: plain rows and grouped slots), `fp8tile` (the tiled FP8
+    /// `tile` (the tiled NVFP4 kernel: plain rows), `tileslots` (the same: grouped routing
+    /// slots), `fp8tile` (the tiled FP8
     /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
     /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
@@ -136,7 +137,7 @@ impl Settings {
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
     /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type);
     /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
-    /// batch; 1, the default, until the device has timed it). Unknown
+    /// batch, the default; 1: one row a warp, as before). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -187,6 +188,7 @@ impl Settings {
                 "slotmajor" => s.min.slot_major = num(v)?,
                 "grouped" => s.min.grouped = num(v)?,
                 "tile" => s.min.tile = num(v)?,
+                "tileslots" => s.min.tile_slots = num(v)?,
                 "fp8tile" => s.min.fp8_tile = num(v)?,
                 "fp8gemm" => s.min.fp8_gemm = num(v)?,
                 "fp8mm" => s.min.fp8_mm = num(v)?,

@@ -7,6 +7,7 @@
 
 use super::linear::plan::{
     MmaMin, DENSE_MM_MIN, FP8_MM_MIN, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN,
+    MMA_TILE_MIN_ROWS,
 };
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,18 +35,19 @@ pub(crate) fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
     kw
 }
 
-static MIN: [AtomicUsize; 11] = [
+static MIN: [AtomicUsize; 12] = [
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_SLOTS),
-    AtomicUsize::new(MMA_TILE_MIN),
+    AtomicUsize::new(MMA_TILE_MIN_ROWS),
     AtomicUsize::new(usize::MAX),
     AtomicUsize::new(usize::MAX),
     AtomicUsize::new(FP8_MM_MIN),
     AtomicUsize::new(DENSE_MM_MIN),
     AtomicUsize::new(FP8_MM_MIN),
+    AtomicUsize::new(MMA_TILE_MIN),
 ];
 
 /// Sets where each tensor-core path starts (process-wide; for tests and benchmarks).
@@ -62,6 +64,7 @@ pub fn set_mma(m: MmaMin) {
         m.fp8_mm,
         m.dense_mm,
         m.nvfp4_mm,
+        m.tile_slots,
     ]) {
         cell.store(v, Ordering::Relaxed);
     }
@@ -82,6 +85,7 @@ pub fn mma() -> MmaMin {
         fp8_mm: v(8),
         dense_mm: v(9),
         nvfp4_mm: v(10),
+        tile_slots: v(11),
     }
 }
 
@@ -94,7 +98,8 @@ pub fn set_mma_min(rows: usize, slots: usize) {
         dense: rows,
         slot_major: rows,
         grouped: slots,
-        tile: MMA_TILE_MIN,
+        tile: MMA_TILE_MIN_ROWS,
+        tile_slots: MMA_TILE_MIN,
         fp8_tile: usize::MAX,
         fp8_gemm: usize::MAX,
         fp8_mm: FP8_MM_MIN,

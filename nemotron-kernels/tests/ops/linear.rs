@@ -711,7 +711,11 @@ pub fn grouped_experts_match(arm: &Arm) {
             ("slot-major", usize::MAX, usize::MAX),
         ] {
             mma::set_mma_min(1, slots_min);
-            mma::set_mma(mma::MmaMin { tile, ..mma::mma() });
+            mma::set_mma(mma::MmaMin {
+                tile,
+                tile_slots: tile,
+                ..mma::mma()
+            });
             let got = host(ops::nvfp4_expert_linear(
                 arm.t(&x, [tokens, k]),
                 arm.int(&idx),

@@ -497,6 +497,12 @@ fn linear_plan_picks_each_tier() {
     assert_eq!(path(sh(2), &tc), P::SmallM, "below the tensor-core rows");
     assert_eq!(path(sh(16), &tc), P::Mma(MmaForm::Rows));
     assert_eq!(path(sh(1024), &tc), P::Tiled { grouped: false });
+    // Plain rows and grouped slots reach the tiled kernel at their own sizes (PERF 36): a
+    // batch-256 step's shared expert (256 rows) tiled, a batch-64 step's 384 routed slots not.
+    assert_eq!(path(sh(256), &tc), P::Tiled { grouped: false }, "batch 256");
+    assert_eq!(path(sh(255), &tc), P::Mma(MmaForm::Rows));
+    assert_eq!(path(up(384), &tc), P::Mma(MmaForm::Grouped), "batch 64");
+    assert_eq!(path(up(1536), &tc), P::Tiled { grouped: true }, "batch 256");
     assert_eq!(path(sh(1024), &none), P::SmallM);
     let f32_rows = LinearShape {
         bf16: false,
@@ -654,7 +660,7 @@ fn settings_parse_each_key_into_its_field() {
     let d = Settings::default();
     assert_eq!(Settings::parse("tile=512").unwrap().min.tile, 512);
     let s = Settings::parse(
-        "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
+        "nvfp4=3,fp8=5,dense=7,slotmajor=9,grouped=11,tile=13,tileslots=37,fp8tile=max,fp8gemm=31,inq=2,grp=4,\
          threads=99,tw=4,nt=16,rf=2,buf=2,tp=3,gw=2,gk=2,scanpair=17,scanchunk=19,scanchunkrows=23,scanssd=29,widen=off,\
          pipe=on,fuse=off,attn=split",
     )
@@ -668,10 +674,11 @@ fn settings_parse_each_key_into_its_field() {
             m.slot_major,
             m.grouped,
             m.tile,
+            m.tile_slots,
             m.fp8_tile,
             m.fp8_gemm
         ),
-        (3, 5, 7, 9, 11, 13, usize::MAX, 31)
+        (3, 5, 7, 9, 11, 13, 37, usize::MAX, 31)
     );
     let t = s.tune;
     assert_eq!(

@@ -10,7 +10,7 @@
 //!    matmul ([`super::decoded`]).
 //! 1. **Tensor cores** (bf16 activations, `k` a multiple of 32 (NVFP4) or 16 (FP8), the device's
 //!    `mma`, enough rows — [`MmaMin`]): the tiled kernel ([`super::tile`]) from
-//!    [`MmaMin::tile`] plain NVFP4 rows or grouped slots (FP8: [`MmaMin::fp8_tile`] rows
+//!    [`MmaMin::tile`] plain NVFP4 rows or [`MmaMin::tile_slots`] grouped slots (FP8: [`MmaMin::fp8_tile`] rows
 //!    quantized apart; before it, [`MmaMin::fp8_gemm`] rows for [`super::gemm`]), else [`super::mma`]'s kernel over plain rows, slots grouped by expert
 //!    (from [`MmaMin::grouped`], `E` within the grid's y limit) or slot-major.
 //! 2. **Expert-major GEMV** ([`super::grouped`]; routed NVFP4 from its slot threshold, `k` up
@@ -38,9 +38,11 @@ pub struct MmaMin {
     pub dense: usize,
     pub slot_major: usize,
     pub grouped: usize,
-    /// Plain NVFP4 rows, and grouped routing slots, from which NVFP4 runs the tiled kernel
-    /// ([`super::tile`]: activations staged in shared memory, 64 weight rows per cube).
+    /// Plain NVFP4 rows from which NVFP4 runs the tiled kernel ([`super::tile`]: activations
+    /// staged in shared memory, 64 weight rows per cube).
     pub tile: usize,
+    /// Grouped routing slots from which routed NVFP4 experts run the tiled kernel.
+    pub tile_slots: usize,
     /// Plain FP8 rows (quantized apart) from which FP8 runs the tiled kernel
     /// ([`super::tile::fp8_tile_kernel()`]). Off by default: on the H200 it measured no faster
     /// than [`super::mma::fp8_mma_kernel()`] at 1,024 rows (`in_proj` 0.338 against 0.333 ms per layer,
@@ -71,7 +73,8 @@ impl Default for MmaMin {
             dense: MMA_MIN_ROWS,
             slot_major: MMA_MIN_ROWS,
             grouped: MMA_MIN_SLOTS,
-            tile: MMA_TILE_MIN,
+            tile: MMA_TILE_MIN_ROWS,
+            tile_slots: MMA_TILE_MIN,
             fp8_tile: usize::MAX,
             fp8_gemm: usize::MAX,
             fp8_mm: FP8_MM_MIN,
@@ -88,10 +91,14 @@ pub const FP8_MM_MIN: usize = usize::MAX;
 /// off until measured.
 pub const DENSE_MM_MIN: usize = usize::MAX;
 
-/// Plain rows / grouped routing slots from which NVFP4 runs the tiled kernel (the default of
-/// [`MmaMin::tile`]): prefill sizes only, so decode batches keep the kernels they were tuned
-/// with.
+/// Grouped routing slots from which routed NVFP4 experts run the tiled kernel (the default of
+/// [`MmaMin::tile_slots`]): batch 256's 1,536 slots and prompts, not batch 64's 384 (the H100
+/// decoded batch 64 2.2 % slower with them tiled, PERF 36).
 pub const MMA_TILE_MIN: usize = 512;
+/// Plain NVFP4 rows from which NVFP4 runs the tiled kernel (the default of [`MmaMin::tile`]):
+/// from batch 256 (the shared expert and lm_head), where it took a decode step 29.87 → 27.87 ms
+/// on the H100 (PERF 36); below it the `mma` kernel.
+pub const MMA_TILE_MIN_ROWS: usize = 256;
 
 /// The weight format of a quantized linear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,7 +228,8 @@ fn tensor_cores(s: &LinearShape, l: &Limits) -> Option<LinearPlan> {
             if !s.routed && s.slots < m.nvfp4 {
                 return None;
             }
-            if (grouped || !s.routed) && s.slots >= m.tile {
+            let tile_min = if grouped { m.tile_slots } else { m.tile };
+            if (grouped || !s.routed) && s.slots >= tile_min {
                 return p(
                     LinearPath::Tiled { grouped },
                     "enough rows for the tiled kernel",

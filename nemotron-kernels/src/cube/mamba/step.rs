@@ -43,14 +43,15 @@ pub const SSM_WALK_MAX: usize = 8;
 /// (batch 1 to 16 on Lightning's 64 heads of 64 rows), for latency.
 pub const SSM_WALK_MIN_CUBES: usize = 8192;
 
-/// The default of [`set_ssm_walk`]: one row a warp, as before the walk, until the device has
-/// timed [`ssm_walk_plan`]'s choice (PERF 34).
-pub const SSM_WALK_DEFAULT: usize = 1;
+/// The default of [`set_ssm_walk`]: [`ssm_walk_plan`]'s choice by the batch. Timed on the H100
+/// (PERF 36, bf16 state, against one row a warp): batch 64 4,562 → 4,921 tok/s, batch 256 7,757
+/// → 8,569; batch 1 keeps one row (the plan leaves small batches alone).
+pub const SSM_WALK_DEFAULT: usize = 0;
 
 static SSM_WALK: AtomicUsize = AtomicUsize::new(SSM_WALK_DEFAULT);
 
-/// Rows per warp the SSM step walks: 0 lets [`ssm_walk_plan`] choose by the batch; 1 (the
-/// default), 2, 4 or 8 forces it where a lane's share of a row is held in registers.
+/// Rows per warp the SSM step walks: 0 (the default) lets [`ssm_walk_plan`] choose by the
+/// batch; 1, 2, 4 or 8 forces it where a lane's share of a row is held in registers.
 /// Process-wide; for benchmarks and tests.
 pub fn set_ssm_walk(rows: usize) {
     SSM_WALK.store(rows, Ordering::Relaxed);
