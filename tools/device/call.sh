@@ -107,7 +107,7 @@ bench() { wait_lt; run "$@"; }
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
-    unpack) bash tools/device/unpack.sh ;;
+    unpack) bash tools/device/unpack.sh || exit 1 ;;
     bargs) BX=$1; BT=$(printf %s "$1" | tr -cs 'A-Za-z0-9' _); shift ;;
     synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text ;;
     synth-bg)
