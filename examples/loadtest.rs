@@ -230,15 +230,10 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             let cfg = nemotron::loader::read_config(&dir)?.0;
             vocab = cfg.vocab_size;
             let t0 = Instant::now();
-            let build = BuildOptions {
-                shared_expert: a
-                    .shared_expert
-                    .as_deref()
-                    .unwrap_or("auto")
-                    .parse()
-                    .map_err(|e| format!("--shared-expert: {e}"))?,
-            };
             let mode = a.shared_expert.clone().unwrap_or_else(|| "auto".into());
+            let build = BuildOptions {
+                shared_expert: mode.parse().map_err(|e| format!("--shared-expert: {e}"))?,
+            };
             server = Server::start(
                 move || {
                     let tm = TextModel::load_with(&dir, &dev, dtype.burn(), build, |_| {})?;

@@ -503,3 +503,33 @@ pub fn tiles_up_to(per_expert: usize, max: usize) -> usize {
 pub fn tile_warps(warps: usize, nt: usize) -> usize {
     warps.min(4 * nt).max(4)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every threshold set is the one read back: each field has its own cell (a field mapped
+    /// to another's cell, or left out, would silently drop a `--mma-min` key).
+    #[test]
+    fn set_mma_keeps_every_threshold() {
+        let saved = mma();
+        let m = MmaMin {
+            nvfp4: 101,
+            fp8: 102,
+            dense: 103,
+            slot_major: 104,
+            grouped: 105,
+            tile: 106,
+            tile_slots: 107,
+            fp8_tile: 108,
+            fp8_gemm: 109,
+            fp8_mm: 110,
+            nvfp4_mm: 111,
+            dense_mm: 112,
+        };
+        set_mma(m);
+        let got = mma();
+        set_mma(saved);
+        assert_eq!(got, m);
+    }
+}

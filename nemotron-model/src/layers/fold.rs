@@ -27,7 +27,7 @@ pub enum SharedExpert {
     /// batch 64 on the H100 (`docs/PERF.md` §34: +9.4 %, −3.4 %). Quantized stacks only: a
     /// layer whose experts are dense, or that [`fold_refusal`] refuses, runs apart.
     /// The default, at [`FOLD_AUTO_MAX_ROWS`]: on the H100 it decoded batch 1 at 411.5 tok/s
-    /// against 369.1 apart, and batches 64 and 256 within 0.3 % of apart (§36).
+    /// against 369.1 apart, and batches 64 and 256 0.3 % slower than apart, inside the machine's spread (§36).
     Auto { max_rows: usize },
 }
 
