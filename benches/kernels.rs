@@ -580,9 +580,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             weights_from_biased: false,
             fixed: 0,
         };
-        // Decode attention (batch 1, 32 q heads over 2 kv heads, head 128) at 1K and 8K of
+        // Decode attention (batch 1, 32 q heads over 2 kv heads, head 128) at 128, 1K and 8K of
         // context: append, scores, chunk partials, merge.
-        for ctx in [1024usize, 8192] {
+        for ctx in [128usize, 1024, 8192] {
             let (nh, kvh, hd, cap) = (32usize, 2usize, 128usize, ctx + 64);
             let q = act(&mut rng, vec![1, nh * hd]).reshape([1, nh, hd]);
             let k = act(&mut rng, vec![1, kvh * hd]).reshape([1, kvh, hd]);

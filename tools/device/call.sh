@@ -65,7 +65,8 @@
 #                fail)
 #   hf           HF transformers with and without mamba_ssm's Triton kernels (tools/hf_bench.py;
 #                the second needs .whl/ carried: tools/mamba_peer/build.sh)
-#   kern ONLY    the device-timed kernel table (benches/kernels.rs, packed as deps/kernels) over
+#   kern ONLY    the device-timed kernel table (benches/kernels.rs, packed as deps/kernels; bargs
+#                "--mma-min S" for a setting) over
 #                the rows whose names contain one of the comma-separated ONLY
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
@@ -274,7 +275,7 @@ while [ $# -gt 0 ]; do
           >$d/cuda_sass.csv 2>&1
         ls -la $d >>"$OUT/sass.log"; head -c 2000 $d/sass.csv >>"$OUT/sass.log"
         tar -C $d -cJf "$OUT/sass_$tag.tar.xz" . ; shift 2 ;;
-    kern) run kernels.log $B/deps/kernels --backend cuda --dtype bf16 --only "$1"; shift ;;
+    kern) run kernels.log $B/deps/kernels $BX --backend cuda --dtype bf16 --only "$1"; shift ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"

@@ -43,6 +43,9 @@ pub struct Settings {
     /// State rows per warp of the SSM decode step, 0 for its plan by batch
     /// ([`step::set_ssm_walk`]).
     pub ssm_walk: usize,
+    /// Cubes per GQA group of decode attention, 0 for its plan by grid
+    /// ([`decode::set_gqa_split`]).
+    pub attn_split: usize,
 }
 
 impl Default for Settings {
@@ -62,6 +65,7 @@ impl Default for Settings {
             flash: true,
             flash_mma: true,
             ssm_walk: step::SSM_WALK_DEFAULT,
+            attn_split: 0,
         }
     }
 }
@@ -83,6 +87,7 @@ impl Settings {
             flash: flash::flash(),
             flash_mma: flash::flash_mma(),
             ssm_walk: step::ssm_walk(),
+            attn_split: decode::gqa_split(),
         }
     }
 
@@ -102,6 +107,7 @@ impl Settings {
         flash::set_flash(self.flash);
         flash::set_flash_mma(self.flash_mma);
         step::set_ssm_walk(self.ssm_walk);
+        decode::set_gqa_split(self.attn_split);
         Ok(())
     }
 
@@ -137,7 +143,9 @@ impl Settings {
     /// kernel: `simplecmma`, `simple`, `ordered`, `double`, `doublespec`, `spec`, `tma`,
     /// `spectma`); `mmacc=f32|act` (its products out in f32, or in the activation type);
     /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
-    /// batch, the default; 1: one row a warp, as before). Unknown
+    /// batch, the default; 1: one row a warp, as before); `attnsplit=auto|1|2|4|8|16` (cubes per
+    /// GQA group of decode attention; `auto`: its plan by grid, the default; 1: one cube a
+    /// group, as before). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -240,6 +248,15 @@ impl Settings {
                     v => match num(v)? {
                         w @ (1 | 2 | 4 | 8) => s.ssm_walk = w,
                         w => return Err(format!("{text:?}: ssmwalk={w}: auto, 1, 2, 4 or 8")),
+                    },
+                },
+                "attnsplit" => match v {
+                    "auto" => s.attn_split = 0,
+                    v => match num(v)? {
+                        w @ (1 | 2 | 4 | 8 | 16) => s.attn_split = w,
+                        w => {
+                            return Err(format!("{text:?}: attnsplit={w}: auto, 1, 2, 4, 8 or 16"))
+                        }
                     },
                 },
                 "attn" => {

@@ -627,6 +627,26 @@ fn attention_plan_keeps_each_form_where_it_fits() {
     assert_eq!(plan(F::Split, 4, 1, 3), F::Unfused);
 }
 
+/// Decode attention's GQA sub-groups (`gqa_split_plan`): Lightning's 16-head groups over 2 kv
+/// heads split one head a cube at batch 1 after 128 tokens (6 (row, chunk) pairs), 8 ways after
+/// 1K (17 chunks: 272 cubes), stay whole after 8K (129 chunks) and at batch 64; a forced split
+/// rounds down to a power of two dividing the group; a group of 6 splits at most 2 ways.
+#[test]
+fn gqa_split_plan_fills_small_grids() {
+    use nemotron_kernels::cube::plans::attention::{gqa_split_plan as plan, GQA_MIN_CUBES};
+    assert_eq!(GQA_MIN_CUBES, 256);
+    assert_eq!(plan(16, 2, 1, 3, 0), 16);
+    assert_eq!(plan(16, 2, 1, 17, 0), 8);
+    assert_eq!(plan(16, 2, 1, 129, 0), 1);
+    assert_eq!(plan(16, 2, 64, 3, 0), 1);
+    assert_eq!(plan(16, 2, 16, 3, 0), 4);
+    assert_eq!(plan(6, 2, 1, 1, 0), 2);
+    assert_eq!(plan(16, 2, 64, 3, 4), 4);
+    assert_eq!(plan(16, 2, 1, 3, 6), 4);
+    assert_eq!(plan(16, 2, 1, 3, 64), 16);
+    assert_eq!(plan(6, 2, 1, 1, 16), 2);
+}
+
 /// The SSM decode step's rows per warp (`ssm_walk_plan`): Lightning's 64 heads of 64 state rows
 /// walk one row a warp up to batch 16 (8,192 cubes), 4 at batch 64, 8 from 128 rows; the
 /// strided loop (no register share) always one; a forced setting rounds down to a power of two.
@@ -699,6 +719,13 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
     assert_eq!(Settings::parse("ssmwalk=4").unwrap().ssm_walk, 4);
     assert_eq!(Settings::parse("ssmwalk=auto").unwrap().ssm_walk, 0);
+    assert_eq!(Settings::parse("attnsplit=4").unwrap().attn_split, 4);
+    assert_eq!(Settings::parse("attnsplit=16").unwrap().attn_split, 16);
+    assert_eq!(Settings::parse("attnsplit=auto").unwrap().attn_split, 0);
+    assert_eq!(d.attn_split, 0);
+    assert!(Settings::parse("attnsplit=3")
+        .unwrap_err()
+        .contains("attnsplit=3"));
     assert!(Settings::parse("ssmwalk=0").is_err());
     assert!(Settings::parse("ssmwalk=3")
         .unwrap_err()

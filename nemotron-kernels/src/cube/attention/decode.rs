@@ -13,7 +13,9 @@
 //! the append folded in, then the merge: two launches per layer. By default
 //! ([`AttnForm::Gqa`], [`attn_gqa_kernel()`](super::gqa::attn_gqa_kernel)) a cube takes one `(kv head, row, chunk of 64
 //! positions)` for all the query heads of its group, so each K/V chunk is read once per group
-//! (16 query heads share a kv head in the Nano/Lightning geometry); [`attn_split_kernel()`](super::split::attn_split_kernel) (a
+//! (16 query heads share a kv head in the Nano/Lightning geometry) — where the grid is small
+//! ([`gqa_split_plan`]: batch 1 after a short prompt) each group is split over a few cubes of
+//! fewer heads; [`attn_split_kernel()`](super::split::attn_split_kernel) (a
 //! cube per query head) stays for groups too large for its shared memory. The four-launch form
 //! stays for other head dims.
 //!
@@ -70,6 +72,53 @@ pub fn plan(asked: AttnForm, heads: usize, kv_heads: usize, hd: usize) -> AttnFo
     } else {
         asked
     }
+}
+
+/// Cubes [`gqa_split_plan`] fills a GQA launch to before it stops splitting groups: about two
+/// per SM of an H100/H200 (132 SMs).
+pub const GQA_MIN_CUBES: usize = 256;
+
+/// Into how many cubes the GQA form splits each kv head's group of `group` query heads, for
+/// `rows × chunks` (row, chunk) pairs over `kv_heads` (pure; tested on the host): `forced` (a
+/// power of two, rounded down and capped at the group) where given, else the fewest sub-groups
+/// (a power of two dividing the group) whose grid holds [`GQA_MIN_CUBES`] cubes, at most one head
+/// a cube. One cube a group reads each K/V chunk once for all its heads, but at batch 1 after a
+/// short prompt that is 2 kv heads × 3 chunks = 6 cubes walking 16 heads each (28.6 µs a layer on
+/// the H100, §34); split, the chunk is re-read per sub-group from L2 and the heads run side by
+/// side. `chunks` counts the slot capacity's chunks (the lengths are on the device), so a large
+/// capacity keeps whole groups.
+pub fn gqa_split_plan(
+    group: usize,
+    kv_heads: usize,
+    rows: usize,
+    chunks: usize,
+    forced: usize,
+) -> usize {
+    // The largest power of two dividing the group.
+    let most = 1usize << group.max(1).trailing_zeros();
+    if forced > 0 {
+        return 1usize << forced.min(most).ilog2();
+    }
+    let pairs = kv_heads.max(1) * rows.max(1) * chunks.max(1);
+    let mut split = 1;
+    while split < most && pairs * split < GQA_MIN_CUBES {
+        split *= 2;
+    }
+    split
+}
+
+static GQA_SPLIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Cubes per GQA group: 0 (the default) lets [`gqa_split_plan`] choose by the grid, `n` forces
+/// `n` (rounded down to a power of two dividing the group). Process-wide; for tests and
+/// benchmarks.
+pub fn set_gqa_split(split: usize) {
+    GQA_SPLIT.store(split, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The setting of [`set_gqa_split`].
+pub fn gqa_split() -> usize {
+    GQA_SPLIT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 static FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -245,11 +294,13 @@ fn run<R: CubeRuntime>(
             }};
             ($t:ty, $p:ty, $fp8:expr) => {{
                 if form == AttnForm::Gqa {
+                    let group = nh / kvh;
+                    let split = gqa_split_plan(group, kvh, rows, chunks, gqa_split());
                     attn_gqa_kernel::launch::<$t, $p, R>(
                         &client,
                         {
                             let (y, z) = yz(rows * chunks);
-                            CubeCount::Static(kvh as u32, y, z)
+                            CubeCount::Static((kvh * split) as u32, y, z)
                         },
                         CubeDim::new_1d(GQA_UNITS as u32),
                         arg(&q),
@@ -262,6 +313,7 @@ fn run<R: CubeRuntime>(
                         arg(&part),
                         nh as u32,
                         kvh as u32,
+                        split as u32,
                         cap as u32,
                         chunks as u32,
                         scale,
@@ -272,7 +324,7 @@ fn run<R: CubeRuntime>(
                         k_scale,
                         v_scale,
                         hd,
-                        nh / kvh,
+                        group / split,
                         $fp8,
                     );
                 } else {

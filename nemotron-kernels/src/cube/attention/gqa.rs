@@ -41,7 +41,10 @@ fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool
 /// (its K half-row in registers, the `r` query rows in shared memory), softmax partials by
 /// per-head shared-memory trees, `Σ p·V` with unit `u` on `d = u % hd`. The step's K/V row is
 /// appended by the cube whose chunk holds it and read from `k`/`v` by the scores. `hd` is even and
-/// divides [`GQA_UNITS`]. With `fp8` the pools hold E4M3 codes (`P = u32`, [`crate::cube::kv8`])
+/// divides [`GQA_UNITS`]. Small grids split each group over `split` cubes of `r` heads
+/// (`split · r` = the group; [`super::decode::gqa_split_plan`]): cube `x` takes kv head
+/// `x / split` and its heads `(x % split)·r ..`, and only the group's first cube appends the step's
+/// K/V row (the others read it from `k`/`v`, as every cube does). With `fp8` the pools hold E4M3 codes (`P = u32`, [`crate::cube::kv8`])
 /// scaled by `k_scale` / `v_scale`, and the step's own K/V are read as stored.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -56,6 +59,7 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     part: &mut [f32],
     heads: u32,
     kv_heads: u32,
+    split: u32,
     cap: u32,
     chunks: u32,
     scale: f32,
@@ -75,7 +79,10 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
         cap as usize,
         chunks as usize,
     );
-    let g = CUBE_POS_X as usize;
+    // The cube's `r` query heads: sub-group `sub` of kv head `g`'s group of `split · r`.
+    let gh = CUBE_POS_X as usize;
+    let g = gh / split as usize;
+    let sub = gh % split as usize;
     // (row, chunk) pairs folded over y and z: `rows · chunks` may pass 65,535 cubes.
     let rc = (CUBE_POS_Y + CUBE_POS_Z * CUBE_COUNT_Y) as usize;
     if rc >= slots.len() * chunks {
@@ -99,12 +106,12 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     let kvb = (s * kvh + g) * cap;
     let newb = b * kv_row as usize + g * hd;
     let (kb0, vb0) = (newb + k_off as usize, newb + v_off as usize);
-    if len < t0 + ATTN_CHUNK {
+    if sub == 0 && len < t0 + ATTN_CHUNK {
         kv_store(kpool, (kvb + len) * hd, k, kb0, u, k_scale, hd, fp8);
         kv_store(vpool, (kvb + len) * hd, v, vb0, u, v_scale, hd, fp8);
     }
-    // The group's query rows are contiguous: heads `g·r .. g·r + r` of row `b`.
-    let qb = b * q_row as usize + g * r * hd;
+    // The sub-group's query rows are contiguous: heads `gh·r .. gh·r + r` of row `b`.
+    let qb = b * q_row as usize + gh * r * hd;
     let mut qs = Shared::<[f32]>::new_slice(r * hd);
     #[unroll]
     for i in 0..comptime!((r * hd).div_ceil(GQA_UNITS)) {
@@ -213,7 +220,7 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
         sm[j * GQA_UNITS + u] = acc;
     }
     sync_cube();
-    let hb = (b * nh + g * r) * chunks + c;
+    let hb = (b * nh + gh * r) * chunks + c;
     if u < hd {
         #[unroll]
         for j in 0..r {
