@@ -12,6 +12,8 @@
 #   itenv E     deps/it's device modules with the environment assignment E (e.g.
 #                NEMOTRON_SCAN_SSD=1: the whole-model tests with a kernel setting not the default)
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
+#   b1s S        engine decode at batch 1 after 1K and 8K prompts (64 steps, median of 2) on the
+#                in-memory weights, once per --mma-min setting of the ;-separated S
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
 #                the 10,922 tokens that crashed the slot-major expert grid), 8 decode steps
@@ -182,6 +184,12 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         run prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 \
+          --no-hf "${margs[@]}" ;;
+    b1s)
+        IFS=';' read -r -a sets <<<"$1"; shift
+        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+        run engine_b1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
+          --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 2 \
           --no-hf "${margs[@]}" ;;
     p1s)
         IFS=';' read -r -a sets <<<"$1"; shift
