@@ -427,11 +427,13 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
         for t in &a.mma_min {
             apply_setting(t)?;
             println!(
-                "setting: {t} ({:?}, FP8 in-kernel quantizing up to {} rows, {:?}, attention {:?})",
+                "setting: {t} ({:?}, FP8 in-kernel quantizing up to {} rows, {:?}, attention {:?} \
+                 split {} (0: by grid))",
                 mma::mma(),
                 mma::fp8_inq_max(),
                 mma::tuning(),
-                nemotron::kernels::cube::plans::attention::form()
+                nemotron::kernels::cube::plans::attention::form(),
+                nemotron::kernels::cube::plans::attention::gqa_split()
             );
             first.get_or_insert(engine_run_one(a, m, batch, plen, graphs)?);
         }

@@ -22,8 +22,9 @@ fn fold() -> BuildOptions {
     }
 }
 
-/// Both layouts, folded for one-row calls only: the prompt runs apart and the decode through a
-/// slot folded, in one sequence (quantized experts; the dense fixtures stay apart under it).
+/// Both layouts, folded for one-row decode steps only: the prompt and the ragged decode run
+/// apart and the decode through a slot folded, in one sequence (quantized experts; the dense
+/// fixtures stay apart under it).
 fn auto1() -> BuildOptions {
     BuildOptions {
         shared_expert: SharedExpert::Auto { max_rows: 1 },

@@ -44,8 +44,9 @@
 #                free memory, once per --mma-min setting of the ;-separated S (in-memory weights)
 #   bold         issue 27's before/after: bench built at 059cb70^ (examples/bench_before, packed
 #                by hand) and this build, decode at 1 / 16 / 64 after 128 tokens and a 1K prefill
-#   bkv KV       engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
-#                (auto | fp8; bench --kv-cache-dtype), slots from 0.3 of the free memory
+#   bkv KV[,F]   engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
+#                (auto | fp8; bench --kv-cache-dtype), slots from F (0.3) of the free memory (the
+#                f32 SSM state's 256 slots need 0.35 on an H100)
 #   p16          engine prefill and 8 decode steps at 16 and 64 x 128 (one load)
 #   p16s         p16 on the same weights built in memory (bench --synthetic lightning --seed 0):
 #                no synth step, no checkpoint on disk
@@ -228,9 +229,10 @@ while [ $# -gt 0 ]; do
             --graphs on --prompt-len 1024 --batch 1 --decode 8 --repeats 2 --no-hf
         done ;;
     bkv)
+        IFS=',' read -r kv fr <<<"$1"; shift
         run decode.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 1,64,256 --decode 32 \
-          --repeats 2 --no-hf --slot-memory 0.3 --kv-cache-dtype "$1"; shift ;;
+          --repeats 2 --no-hf --slot-memory "${fr:-0.3}" --kv-cache-dtype "$kv" ;;
     p16) bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 16,64 --decode 8 --repeats 2 --no-hf ;;
     p16s) run prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \

@@ -628,18 +628,19 @@ fn attention_plan_keeps_each_form_where_it_fits() {
 }
 
 /// Decode attention's GQA sub-groups (`gqa_split_plan`): Lightning's 16-head groups over 2 kv
-/// heads split one head a cube at batch 1 after 128 tokens (6 (row, chunk) pairs), 8 ways after
-/// 1K (17 chunks: 272 cubes), stay whole after 8K (129 chunks) and at batch 64; a forced split
-/// rounds down to a power of two dividing the group; a group of 6 splits at most 2 ways.
+/// heads split one head a cube at batch 1 after 128 tokens (6 (row, chunk) pairs), 2 ways after
+/// 1K (17 chunks: 68 cubes), stay whole after 8K (129 chunks) and at batches 16 and 64 — the
+/// best of the H100's kernel table at each context (§37); a forced split rounds down to a power
+/// of two dividing the group; a group of 6 splits at most 2 ways.
 #[test]
 fn gqa_split_plan_fills_small_grids() {
-    use nemotron_kernels::cube::plans::attention::{gqa_split_plan as plan, GQA_MIN_CUBES};
-    assert_eq!(GQA_MIN_CUBES, 256);
+    use nemotron_kernels::cube::plans::attention::gqa_split_plan as plan;
     assert_eq!(plan(16, 2, 1, 3, 0), 16);
-    assert_eq!(plan(16, 2, 1, 17, 0), 8);
+    assert_eq!(plan(16, 2, 1, 17, 0), 2);
     assert_eq!(plan(16, 2, 1, 129, 0), 1);
     assert_eq!(plan(16, 2, 64, 3, 0), 1);
-    assert_eq!(plan(16, 2, 16, 3, 0), 4);
+    assert_eq!(plan(16, 2, 16, 3, 0), 1);
+    assert_eq!(plan(16, 2, 4, 3, 0), 4);
     assert_eq!(plan(6, 2, 1, 1, 0), 2);
     assert_eq!(plan(16, 2, 64, 3, 4), 4);
     assert_eq!(plan(16, 2, 1, 3, 6), 4);

@@ -309,9 +309,9 @@ fn ssm_step_case(arm: &Arm, n: usize, rows: &[i32]) {
 /// form) against the host: head dims 16 and 128 (the real one), groups of 2 and 16 query heads
 /// (the real one), lengths whose new token opens, ends or sits inside a 64-position chunk, a
 /// capacity that is not a multiple of the chunk, a context past 8 chunks (the merge's rounds), a
-/// pad row. The GQA form runs with each group in one cube, in cubes of 4 heads (the groups of
-/// 16), and by its plan
-/// (`gqa_split_plan`: these small grids go one head a cube, two for the groups of 2 and 6).
+/// pad row. The GQA form runs with each group in one cube, in cubes of 4 heads and of one (the
+/// groups of 16), and by its plan (`gqa_split_plan`: 4 ways for the groups of 16 over 3
+/// chunks, whole over 11, 2 ways for the groups of 2 over one chunk).
 pub fn attention_step_matches(arm: &Arm) {
     let _form = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
     use nemotron_kernels::cube::plans::attention::{set_form, set_gqa_split, AttnForm};
@@ -319,6 +319,7 @@ pub fn attention_step_matches(arm: &Arm) {
         (AttnForm::Gqa, 0),
         (AttnForm::Gqa, 1),
         (AttnForm::Gqa, 4),
+        (AttnForm::Gqa, 16),
         (AttnForm::Split, 0),
         (AttnForm::Unfused, 0),
     ] {
@@ -333,8 +334,8 @@ pub fn attention_step_matches(arm: &Arm) {
             (700, [600, 1, 640], 128, 32),
             (200, [130, 0, 198], 16, 6),
         ] {
-            // Sub-groups of 4 need a group of 16 (the real one).
-            if split == 4 && nh != 32 {
+            // Sub-groups of 4 and 1 forced: the groups of 16 (the real ones).
+            if split >= 4 && nh != 32 {
                 continue;
             }
             attention_step_case(arm, cap, lens, hd, nh);

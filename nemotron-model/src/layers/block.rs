@@ -164,7 +164,7 @@ impl Block {
         let rows = |y: Tensor<3>| MoeOut::Combined(y.reshape([b, hid]));
         match &self.mixer {
             Mixer::Mamba(m) => rows(m.step(h, pools, lens, slots)),
-            Mixer::Moe(m) => m.forward_parts(h),
+            Mixer::Moe(m) => m.forward_parts(h, true),
             Mixer::Attention(a) => rows(a.step(h, pools, lens, slots)),
             Mixer::Mlp(m) => rows(m.forward(h)),
         }
@@ -217,7 +217,7 @@ impl Block {
                 let (y, kept) = m.forward_kept(h, lens, states, layer);
                 (rows(y), Some(kept))
             }
-            Mixer::Moe(m) => (m.forward_parts(h), Some(BatchLayer::Stateless)),
+            Mixer::Moe(m) => (m.forward_parts(h, false), Some(BatchLayer::Stateless)),
             Mixer::Attention(a) => {
                 let (y, kept) = a.forward_kept(h, lens, states, layer);
                 (rows(y), kept)

@@ -22,8 +22,10 @@ pub enum SharedExpert {
     /// on the host, `bench --engine --prompt-len 16 --batch 2 --decode 4 --repeats 1 --no-hf`:
     /// prefill 47.8 → 32.0 tok/s).
     Fold,
-    /// Both layouts held (the shared expert's weights twice on the device): calls of up to
-    /// `max_rows` rows run folded, larger ones apart. The fold paid at batch 1 and cost at
+    /// Both layouts held (the shared expert's weights twice on the device): decode steps
+    /// through the slots of up to `max_rows` rows run folded, larger ones and every prefill
+    /// (the ragged forward) apart — so a prompt's prefill does not depend on the prompts
+    /// admitted with it (the fold rounds differently in bf16: `Moe::folds`). The fold paid at batch 1 and cost at
     /// batch 64 on the H100 (`docs/PERF.md` §34: +9.4 %, −3.4 %). Quantized stacks only: a
     /// layer whose experts are dense, or that [`fold_refusal`] refuses, runs apart.
     /// The default, at [`FOLD_AUTO_MAX_ROWS`]: on the H100 it decoded batch 1 at 411.5 tok/s

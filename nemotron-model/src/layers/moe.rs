@@ -143,32 +143,46 @@ impl Moe {
         self.fold_rows > 0
     }
 
-    /// Whether a call over `rows` rows runs the shared expert stacked with the routed experts.
-    pub fn folds(&self, rows: usize) -> bool {
-        self.fold_parts > 0 && rows <= self.fold_rows
+    /// Whether a call over `rows` rows runs the shared expert stacked with the routed experts:
+    /// always under `Fold`; under `Auto` only a decode `step` (one token per sequence, the slot
+    /// step) of up to its rows. A prefill's rows depend on the prompts admitted with it, and the
+    /// fold rounds differently from the shared expert apart (its parts summed with the routed
+    /// slots in f32), so an `Auto` prefill never folds: a prompt prefills the same alone or
+    /// admitted beside others, and its decode steps fold alone as in a batch of up to `max_rows`.
+    pub fn folds(&self, rows: usize, step: bool) -> bool {
+        self.fold_parts > 0 && (self.fold_rows == usize::MAX || (step && rows <= self.fold_rows))
     }
 
     /// Routing for `x` `[N, hidden]`: `(indices [N, k], weights [N, k] f32)`.
-    /// Where the call folds ([`Self::folds`]), each token's top-k is followed by the shared
-    /// expert's parts (weight 1).
-    pub fn route(&self, x: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
-        let route = self.route_for(x.dims()[0]);
+    /// Where the call folds ([`Self::folds`]; `step`: a decode step), each token's top-k is
+    /// followed by the shared expert's parts (weight 1).
+    pub fn route(&self, x: Tensor<2>, step: bool) -> (Tensor<2, Int>, Tensor<2>) {
+        let route = self.route_for(x.dims()[0], step);
         let logits = ops::dense_linear(x, self.router.clone());
         ops::moe_route(logits, self.correction_bias.clone(), &route)
     }
 
     /// The routing of a call over `rows` rows: the folded parts appended where it folds.
-    fn route_for(&self, rows: usize) -> RouteConfig {
+    fn route_for(&self, rows: usize, step: bool) -> RouteConfig {
         RouteConfig {
-            fixed: if self.folds(rows) { self.fold_parts } else { 0 },
+            fixed: if self.folds(rows, step) {
+                self.fold_parts
+            } else {
+                0
+            },
             ..self.route
         }
     }
 
-    /// `h`: `[B, T, hidden]`.
+    /// `h`: `[B, T, hidden]`, as a prefill (see [`Self::folds`]).
     pub fn forward(&self, h: Tensor<3>) -> Tensor<3> {
+        self.forward_as(h, false)
+    }
+
+    /// [`Self::forward`] as a decode step (`step`) or a prefill.
+    pub fn forward_as(&self, h: Tensor<3>, step: bool) -> Tensor<3> {
         let [b, t, hid] = h.dims();
-        let out = match self.forward_parts(h) {
+        let out = match self.forward_parts(h, step) {
             MoeOut::Parts { routed, w, shared } => ops::moe_combine(routed, w, shared),
             MoeOut::Combined(y) => y,
         };
@@ -177,14 +191,15 @@ impl Moe {
 
     /// The layer's output over `h` `[B, T, hidden]` as rows `[B·T, hidden]`, left uncombined
     /// where the experts are stacked (the decode step folds the combine into the next norm).
-    pub(crate) fn forward_parts(&self, h: Tensor<3>) -> MoeOut {
+    /// `step`: a decode step ([`Self::folds`]).
+    pub(crate) fn forward_parts(&self, h: Tensor<3>, step: bool) -> MoeOut {
         let [b, t, hid] = h.dims();
         let n = b * t;
         let x: Tensor<2> = h.reshape([n, hid]);
-        let (idx, w) = self.route(x.clone());
+        let (idx, w) = self.route(x.clone(), step);
         // Routed slots, then (folded) the shared expert's (weight 1).
-        let fold = self.folds(n);
-        let route = self.route_for(n);
+        let fold = self.folds(n, step);
+        let route = self.route_for(n, step);
         let k = route.top_k + route.fixed;
         let dtype = x.dtype();
         let slots = idx.clone().reshape([n * k]);
@@ -575,14 +590,20 @@ mod tests {
                     mode != SharedExpert::Fold,
                     "{name} {mode:?}"
                 );
-                assert_eq!(m.folds(10), folds, "{name} {mode:?}");
-                let (idx, _) = m.route(h.clone().reshape([10, hid]));
+                assert_eq!(m.folds(10, true), folds, "{name} {mode:?}");
+                // A prefill folds under `Fold` alone.
+                assert_eq!(
+                    m.folds(10, false),
+                    held && mode == SharedExpert::Fold,
+                    "{name} {mode:?} prefill"
+                );
+                let (idx, _) = m.route(h.clone().reshape([10, hid]), true);
                 assert_eq!(
                     idx.dims(),
                     [10, 2 + usize::from(folds) * 2],
                     "{name} {mode:?}"
                 );
-                m.forward(h.clone()).into_data().into_vec().unwrap()
+                m.forward_as(h.clone(), true).into_data().into_vec().unwrap()
             };
             let a = run(SharedExpert::Apart, false);
             // Auto holds both layouts: folded up to its rows, apart past them; dense experts

@@ -74,9 +74,19 @@ pub fn plan(asked: AttnForm, heads: usize, kv_heads: usize, hd: usize) -> AttnFo
     }
 }
 
-/// Cubes [`gqa_split_plan`] fills a GQA launch to before it stops splitting groups: about two
-/// per SM of an H100/H200 (132 SMs).
-pub const GQA_MIN_CUBES: usize = 256;
+/// Cubes [`gqa_split_plan`] fills a GQA launch to before it stops splitting groups. From the
+/// H100's kernel table (batch 1, 32 heads over 2 kv heads, µs a call with the merge, replayed;
+/// `kernels --only "decode attention" --mma-min attnsplit=N`, docs/PERF.md §37):
+///
+/// | context (pairs) | split 1 | 2 | 4 | 16 |
+/// |---|---|---|---|---|
+/// | 128 (6) | 20.8 | 19.9 | 16.0 | 15.6 |
+/// | 1K (34) | 24.5 | **20.1** | 20.1 | 32.0 |
+/// | 8K (258) | **41.2** | 48.8 | 70.3 | 203.9 |
+///
+/// the best split leaves 64–136 cubes; past one a SM the re-reads of each chunk cost more than
+/// the heads side by side save.
+pub const GQA_MIN_CUBES: usize = 64;
 
 /// Into how many cubes the GQA form splits each kv head's group of `group` query heads, for
 /// `rows × chunks` (row, chunk) pairs over `kv_heads` (pure; tested on the host): `forced` (a
