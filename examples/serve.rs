@@ -74,8 +74,8 @@ struct Args {
     #[arg(long, default_value = "float32")]
     mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
-    /// with the routed experts) | auto[:N] (both held: steps of up to N rows folded, 8 by
-    /// default; quantized experts only). Default: auto
+    /// with the routed experts) | auto[:N] (both held: decode steps of up to N rows
+    /// folded, 8 by default, prefills apart; quantized experts only). Default: auto
     #[arg(long, default_value = "auto")]
     shared_expert: String,
     /// flex | ndarray | cuda | wgpu

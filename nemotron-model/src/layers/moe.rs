@@ -603,10 +603,13 @@ mod tests {
                     [10, 2 + usize::from(folds) * 2],
                     "{name} {mode:?}"
                 );
-                m.forward_as(h.clone(), true).into_data().into_vec().unwrap()
+                m.forward_as(h.clone(), true)
+                    .into_data()
+                    .into_vec()
+                    .unwrap()
             };
             let a = run(SharedExpert::Apart, false);
-            // Auto holds both layouts: folded up to its rows, apart past them; dense experts
+            // Auto holds both layouts: decode steps folded up to its rows, apart past them; dense experts
             // never fold under it.
             for (mode, folds) in [
                 (SharedExpert::Fold, true),
