@@ -71,6 +71,9 @@
 #   kern ONLY    the device-timed kernel table (benches/kernels.rs, packed as deps/kernels; bargs
 #                "--mma-min S" for a setting) over
 #                the rows whose names contain one of the comma-separated ONLY
+#   ncuk ONLY RE ncu sections (speed of light, occupancy, warp states, memory, instructions, source
+#                counters) over the first 6 launches of the kernels matching the regex RE while the
+#                kernel table runs its rows matching ONLY (e.g. ncuk "decode attention" attn_gqa)
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level;
@@ -286,6 +289,15 @@ while [ $# -gt 0 ]; do
         ls -la $d >>"$OUT/sass.log"; head -c 2000 $d/sass.csv >>"$OUT/sass.log"
         tar -C $d -cJf "$OUT/sass_$tag.tar.xz" . ; shift 2 ;;
     kern) run kernels.log $B/deps/kernels $BX --backend cuda --dtype bf16 --only "$1"; shift ;;
+    ncuk)
+        # ncu sections over the first launches of the kernels matching $2 while the kernel
+        # table runs its rows matching $1 (no checkpoint, no model: seconds).
+        run ncu_kernels.txt timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
+          --kernel-name "regex:$2" --launch-count 6 --section SpeedOfLight --section Occupancy \
+          --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+          --section InstructionStats --section SourceCounters \
+          $B/deps/kernels $BX --backend cuda --dtype bf16 --only "$1"
+        xz -f "$OUT/ncu_kernels.txt"; shift 2 ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"
