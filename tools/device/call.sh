@@ -111,6 +111,16 @@ run() { # log-file command...
   tail -n 4 "$OUT/$log"
 }
 bench() { wait_lt; run "$@"; }
+# The engine on the in-memory weights once per --mma-min setting of the ;-separated $5, median of
+# 2: log, prompt lengths, batches, decode steps, settings.
+sweep() {
+  local sets margs=() s
+  IFS=';' read -r -a sets <<<"$5"
+  for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
+  run "$1" $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning --seed 0 \
+    --engine --graphs on --prompt-len "$2" --batch "$3" --decode "$4" --repeats 2 --no-hf \
+    "${margs[@]}"
+}
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -183,24 +193,9 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         bench prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --model $LT --engine \
           --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 --no-hf "${margs[@]}" ;;
-    pBs)
-        IFS=';' read -r -a sets <<<"$1"; shift
-        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        run prefill.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
-          --seed 0 --engine --graphs on --prompt-len 128 --batch 8,16,64 --decode 8 --repeats 2 \
-          --no-hf "${margs[@]}" ;;
-    b1s)
-        IFS=';' read -r -a sets <<<"$1"; shift
-        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        run engine_b1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
-          --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 64 --repeats 2 \
-          --no-hf "${margs[@]}" ;;
-    p1s)
-        IFS=';' read -r -a sets <<<"$1"; shift
-        margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
-        run prefill1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
-          --seed 0 --engine --graphs on --prompt-len 1024,8192 --batch 1 --decode 8 --repeats 2 \
-          --no-hf "${margs[@]}" ;;
+    pBs) sweep prefill.log 128 8,16,64 8 "$1"; shift ;;
+    b1s) sweep engine_b1.log 1024,8192 1 64 "$1"; shift ;;
+    p1s) sweep prefill1.log 1024,8192 1 8 "$1"; shift ;;
     pch)
         IFS=',' read -r st pc <<<"$1"; shift
         run prefill1.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
