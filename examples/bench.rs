@@ -118,8 +118,8 @@ struct Args {
     mamba_ssm_cache_dtype: String,
     /// How each MoE layer runs its shared expert: apart (its own two linears) | fold (stacked
     /// with the routed experts: one launch per projection) | auto[:N] (both held, decode steps
-    /// of up to N rows folded, 8 by default, prefills apart; `BuildOptions::shared_expert`). Default: auto, as the
-    /// library's.
+    /// of up to N rows folded, 8 by default, prefills apart; `BuildOptions::shared_expert`).
+    /// Default: auto, as the library's.
     #[arg(long, default_value = "auto")]
     shared_expert: String,
 }

@@ -17,9 +17,10 @@ use std::path::Path;
 /// Weight layouts chosen when the model is built (they change which kernels run, not the model).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BuildOptions {
-    /// How each MoE layer runs its shared expert (`Auto` by default: folds the quantized layers
-    /// that can, up to its rows a call, and runs the others apart; `Fold` is refused, naming the
-    /// layer, where a shared expert cannot join its routed stack).
+    /// How each MoE layer runs its shared expert (`Auto` by default: the quantized layers that
+    /// can fold their decode steps of up to its rows, and run prefills, larger steps and the
+    /// other layers apart; `Fold` is refused, naming the layer, where a shared expert cannot join
+    /// its routed stack).
     pub shared_expert: SharedExpert,
 }
 

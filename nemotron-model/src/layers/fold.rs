@@ -25,11 +25,12 @@ pub enum SharedExpert {
     /// Both layouts held (the shared expert's weights twice on the device): decode steps
     /// through the slots of up to `max_rows` rows run folded, larger ones and every prefill
     /// (the ragged forward) apart — so a prompt's prefill does not depend on the prompts
-    /// admitted with it (the fold rounds differently in bf16: `Moe::folds`). The fold paid at batch 1 and cost at
-    /// batch 64 on the H100 (`docs/PERF.md` §34: +9.4 %, −3.4 %). Quantized stacks only: a
-    /// layer whose experts are dense, or that [`fold_refusal`] refuses, runs apart.
-    /// The default, at [`FOLD_AUTO_MAX_ROWS`]: on the H100 it decoded batch 1 at 411.5 tok/s
-    /// against 369.1 apart, and batches 64 and 256 0.3 % slower than apart, inside the machine's spread (§36).
+    /// admitted with it (the fold rounds differently in bf16: `Moe::folds`). The fold paid at
+    /// batch 1 and cost at batch 64 on the H100 (`docs/PERF.md` §34: +9.4 %, −3.4 %).
+    /// Quantized stacks only: a layer whose experts are dense, or that [`fold_refusal`]
+    /// refuses, runs apart. The default, at [`FOLD_AUTO_MAX_ROWS`]: on the H100 it decoded
+    /// batch 1 at 411.5 tok/s against 369.1 apart, and batches 64 and 256 0.3 % slower than
+    /// apart, inside the machine's spread (§36).
     Auto { max_rows: usize },
 }
 

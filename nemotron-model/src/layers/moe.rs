@@ -609,8 +609,8 @@ mod tests {
                     .unwrap()
             };
             let a = run(SharedExpert::Apart, false);
-            // Auto holds both layouts: decode steps folded up to its rows, apart past them; dense experts
-            // never fold under it.
+            // Auto holds both layouts: decode steps folded up to its rows, apart past them;
+            // dense experts never fold under it.
             for (mode, folds) in [
                 (SharedExpert::Fold, true),
                 (SharedExpert::Auto { max_rows: 10 }, name != "dense"),

@@ -43,9 +43,10 @@ fn seg_reduce(a: &mut Shared<[f32]>, #[comptime] r: usize, #[comptime] max: bool
 /// appended by the cube whose chunk holds it and read from `k`/`v` by the scores. `hd` is even and
 /// divides [`GQA_UNITS`]. Small grids split each group over `split` cubes of `r` heads
 /// (`split · r` = the group; [`super::decode::gqa_split_plan`]): cube `x` takes kv head
-/// `x / split` and its heads `(x % split)·r ..`, and only the group's first cube appends the step's
-/// K/V row (the others read it from `k`/`v`, as every cube does). With `fp8` the pools hold E4M3 codes (`P = u32`, [`crate::cube::kv8`])
-/// scaled by `k_scale` / `v_scale`, and the step's own K/V are read as stored.
+/// `x / split` and its heads `(x % split)·r ..`, and only the group's first cube appends the
+/// step's K/V row (the others read it from `k`/`v`, as every cube does). With `fp8` the pools
+/// hold E4M3 codes (`P = u32`, [`crate::cube::kv8`]) scaled by `k_scale` / `v_scale`, and the
+/// step's own K/V are read as stored.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn attn_gqa_kernel<F: Float, P: Numeric>(

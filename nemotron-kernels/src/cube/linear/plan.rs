@@ -10,8 +10,8 @@
 //!    matmul ([`super::decoded`]).
 //! 1. **Tensor cores** (bf16 activations, `k` a multiple of 32 (NVFP4) or 16 (FP8), the device's
 //!    `mma`, enough rows — [`MmaMin`]): the tiled kernel ([`super::tile`]) from
-//!    [`MmaMin::tile`] plain NVFP4 rows or [`MmaMin::tile_slots`] grouped slots (FP8: [`MmaMin::fp8_tile`] rows
-//!    quantized apart; before it, [`MmaMin::fp8_gemm`] rows for [`super::gemm`]), else [`super::mma`]'s kernel over plain rows, slots grouped by expert
+//!    [`MmaMin::tile`] plain NVFP4 rows or [`MmaMin::tile_slots`] grouped slots (FP8:
+//!    [`MmaMin::fp8_tile`] rows quantized apart; before it, [`MmaMin::fp8_gemm`] rows for [`super::gemm`]), else [`super::mma`]'s kernel over plain rows, slots grouped by expert
 //!    (from [`MmaMin::grouped`], `E` within the grid's y limit) or slot-major.
 //! 2. **Expert-major GEMV** ([`super::grouped`]; routed NVFP4 from its slot threshold, `k` up
 //!    to 4,096).
