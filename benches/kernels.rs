@@ -480,6 +480,26 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
             });
         }
     }
+    // The router as a decode batch calls it: `dense_linear` of `m` bf16 rows against its f32
+    // weight, past the GEMV's rows (the exact matmul; `--mma-min matrows=N` moves its
+    // register-blocked kernel's start).
+    {
+        let (k, nout) = (2688, 128);
+        let w = Tensor::<1>::from_data(
+            TensorData::new(rng.vec(k * nout, 0.05), [k * nout]),
+            (dev, BDType::F32),
+        )
+        .reshape([nout, k]);
+        for m in [64, 256] {
+            let (x, w) = (act(&mut rng, vec![m, k]), w.clone());
+            rows.push(Row {
+                name: format!("router {m}×{k}→{nout} (f32 weight, exact matmul)"),
+                bytes: 4.0 * (k * nout) as f64 + esize * (m * k) as f64 + 4.0 * (m * nout) as f64,
+                flops: 2.0 * (m * k * nout) as f64,
+                op: Box::new(move || drop(ops::dense_linear(x.clone(), w.clone()))),
+            });
+        }
+    }
     {
         let (h, p, ns, g) = (64, 64, 128, 8);
         let st = Tensor::<4>::zeros([1, h, p, ns], (dev, BDType::F32));

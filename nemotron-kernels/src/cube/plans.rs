@@ -80,7 +80,7 @@ pub mod ssm_step {
 /// The batched matmul's path and the router product's rows per cube.
 pub mod matmul {
     pub use crate::cube::matmul::{
-        block_rows, plan, set_tiled_kernel, tile_rows, tiled_kernel, tiled_refusals, MatmulPath,
-        TiledKernel, MATMUL_TILE_ROWS, TILED_MIN,
+        block_rows, plan, rows_from, set_rows_from, set_tiled_kernel, tile_rows, tiled_kernel,
+        tiled_refusals, MatmulPath, TiledKernel, MATMUL_ROWS_FROM, MATMUL_TILE_ROWS, TILED_MIN,
     };
 }

@@ -46,6 +46,9 @@ pub struct Settings {
     /// Cubes per GQA group of decode attention, 0 for its plan by grid
     /// ([`decode::set_gqa_split`]).
     pub attn_split: usize,
+    /// Rows from which the exact matmul runs its register-blocked kernel
+    /// ([`matmul::set_rows_from`]).
+    pub matmul_rows_from: usize,
 }
 
 impl Default for Settings {
@@ -66,6 +69,7 @@ impl Default for Settings {
             flash_mma: true,
             ssm_walk: step::SSM_WALK_DEFAULT,
             attn_split: 0,
+            matmul_rows_from: matmul::MATMUL_ROWS_FROM,
         }
     }
 }
@@ -88,6 +92,7 @@ impl Settings {
             flash_mma: flash::flash_mma(),
             ssm_walk: step::ssm_walk(),
             attn_split: decode::gqa_split(),
+            matmul_rows_from: matmul::rows_from(),
         }
     }
 
@@ -108,6 +113,7 @@ impl Settings {
         flash::set_flash_mma(self.flash_mma);
         step::set_ssm_walk(self.ssm_walk);
         decode::set_gqa_split(self.attn_split);
+        matmul::set_rows_from(self.matmul_rows_from);
         Ok(())
     }
 
@@ -145,7 +151,8 @@ impl Settings {
     /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
     /// batch, the default; 1: one row a warp, as before); `attnsplit=auto|1|2|4|8|16` (cubes per
     /// GQA group of decode attention; `auto`: its plan by grid, the default; 1: one cube a
-    /// group, as before). Unknown
+    /// group, as before); `matrows=N` (rows from which the exact f32 matmul, the router's,
+    /// runs its register-blocked kernel; `max` never). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
     pub fn parse(text: &str) -> Result<Self, String> {
@@ -258,6 +265,10 @@ impl Settings {
                             return Err(format!("{text:?}: attnsplit={w}: auto, 1, 2, 4, 8 or 16"))
                         }
                     },
+                },
+                "matrows" => match num(v)? {
+                    0 => return Err(format!("{text:?}: matrows=0: at least 1 (or max)")),
+                    r => s.matmul_rows_from = r,
                 },
                 "attn" => {
                     s.attn = match v {

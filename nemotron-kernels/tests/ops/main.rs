@@ -724,6 +724,21 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!(Settings::parse("attnsplit=16").unwrap().attn_split, 16);
     assert_eq!(Settings::parse("attnsplit=auto").unwrap().attn_split, 0);
     assert_eq!(d.attn_split, 0);
+    assert_eq!(
+        Settings::parse("matrows=256").unwrap().matmul_rows_from,
+        256
+    );
+    assert_eq!(
+        Settings::parse("matrows=max").unwrap().matmul_rows_from,
+        usize::MAX
+    );
+    assert_eq!(
+        d.matmul_rows_from,
+        nemotron_kernels::cube::plans::matmul::MATMUL_ROWS_FROM
+    );
+    assert!(Settings::parse("matrows=0")
+        .unwrap_err()
+        .contains("matrows=0"));
     assert!(Settings::parse("attnsplit=3")
         .unwrap_err()
         .contains("attnsplit=3"));

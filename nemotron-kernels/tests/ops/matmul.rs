@@ -79,8 +79,9 @@ pub fn dense_linear_matches(arm: &Arm) {
 /// The exact matmul sums every output in one order whatever the rows around it: the rows of the
 /// batch-256 decode router (2688 → 128, 8 rows per cube of the plain kernel), of a 1,030-row
 /// router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one (16 rows per
-/// cube) are bit for bit those of the same rows alone (20 rows: one row per cube). Cube arms
-/// only (the host reference is another code).
+/// cube) are bit for bit those of the same rows alone (20 rows: one row per cube), and so are
+/// the batch-256 router's on the register-blocked kernel (`matrows=64`). Cube arms only (the
+/// host reference is another code).
 pub fn dense_linear_rows_invariant(arm: &Arm) {
     use nemotron_kernels::cube::plans::matmul::block_rows;
     assert_eq!(
@@ -92,6 +93,15 @@ pub fn dense_linear_rows_invariant(arm: &Arm) {
     for (m, k, n) in [(256, 2688, 128), (1030, 264, 132), (4300, 72, 8)] {
         rows_invariant_case(arm, m, k, n);
     }
+    // `matrows` moves the register-blocked kernel's start: the batch-256 router on it (8 rows
+    // per cube) still sums as the plain kernel's 20 rows.
+    use nemotron_kernels::cube::settings::Settings;
+    let saved = Settings::current();
+    let mut s = saved.clone();
+    s.matmul_rows_from = 64;
+    s.apply().expect("matrows applies");
+    rows_invariant_case(arm, 256, 2688, 128);
+    saved.apply().expect("the settings restore");
 }
 
 fn rows_invariant_case(arm: &Arm, m: usize, k: usize, n: usize) {

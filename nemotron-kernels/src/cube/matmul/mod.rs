@@ -300,8 +300,26 @@ pub const MATMUL_ROWS: usize = 8;
 /// row per cube read the whole 1.4 MB f32 weight once per row, 71.5 µs a layer on the H100
 /// (`docs/PERF.md` §33).
 pub const MATMUL_BLOCK_FROM: usize = 256;
-/// Rows (all batches) from which the register-blocked [`matmul_rows_kernel()`] runs.
+/// Rows (all batches) from which the register-blocked [`matmul_rows_kernel()`] runs (the
+/// default of [`set_rows_from`]).
 pub const MATMUL_ROWS_FROM: usize = 1024;
+/// `k`s of a unit whose loads [`matmul_kernel()`] issues together.
+pub const MATMUL_AHEAD: usize = 4;
+
+static ROWS_FROM: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(MATMUL_ROWS_FROM);
+
+/// Rows (all batches) from which the exact matmul runs [`matmul_rows_kernel()`] rather than
+/// [`matmul_kernel()`] (both sum in one order, so the choice changes time only). Process-wide;
+/// for tests and benchmarks.
+pub fn set_rows_from(rows: usize) {
+    ROWS_FROM.store(rows, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The setting of [`set_rows_from`].
+pub fn rows_from() -> usize {
+    ROWS_FROM.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Rows per cube of [`matmul_kernel()`] for `bs` batches of `m` rows (pure; the sums do not
 /// depend on it).
@@ -356,6 +374,34 @@ pub fn matmul_kernel<F: Float>(
         let wstep = splits * n;
         let mut wi = (bb * k + y) * n + col;
         let mut kk = y;
+        // [`MATMUL_AHEAD`] of the unit's `k`s a pass, every load issued before any product (the
+        // loop waited on each load in turn: 36 µs for the batch-64 decode router and 157 µs at
+        // batch 256, 8 rows per cube, H100, PERF §38); each sum still adds in increasing `k`.
+        let ahead = comptime!(MATMUL_AHEAD);
+        while kk + (ahead - 1) * splits < k {
+            let mut wv = Array::<f32>::new(ahead);
+            let mut av = Array::<f32>::new(ahead * rows);
+            #[unroll]
+            for u in 0..ahead {
+                wv[u] = f32::cast_from(w[wi + u * wstep]);
+            }
+            #[unroll]
+            for u in 0..ahead {
+                #[unroll]
+                for i in 0..rows {
+                    av[u * rows + i] = f32::cast_from(a[arow[i] + kk + u * splits]);
+                }
+            }
+            #[unroll]
+            for u in 0..ahead {
+                #[unroll]
+                for i in 0..rows {
+                    acc[i] += av[u * rows + i] * wv[u];
+                }
+            }
+            kk += ahead * splits;
+            wi += ahead * wstep;
+        }
         while kk < k {
             let wv = f32::cast_from(w[wi]);
             #[unroll]
@@ -614,7 +660,7 @@ fn launch_with<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>, tiled: bool) 
         }
     }
     let c = empty(&a, [bs, m, n], dtype);
-    if n % 4 == 0 && m >= MATMUL_TILE_ROWS && bs * m >= MATMUL_ROWS_FROM {
+    if n % 4 == 0 && m >= MATMUL_TILE_ROWS && bs * m >= rows_from() {
         let rows = tile_rows(bs, m);
         let (gy, gz) = yz(bs * m.div_ceil(rows));
         let count = CubeCount::Static(n.div_ceil(MATMUL_TILE_COLS) as u32, gy, gz);
