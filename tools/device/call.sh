@@ -41,7 +41,8 @@
 #   load29 C     issue 29's before/after: loadtest of a308dbc, of b4e2c45 and of this build at C
 #                clients, one after another (loadtest_before/_after packed by hand, PERF 34)
 #   bsweep S     engine decode at batch 64 and 256 after 128-token prompts, slots from 0.3 of the
-#                free memory, once per --mma-min setting of the ;-separated S (in-memory weights)
+#                free memory (`slotmem F` before it: F), once per --mma-min setting of the
+#                ;-separated S (in-memory weights)
 #   bold         issue 27's before/after: bench built at 059cb70^ (examples/bench_before, packed
 #                by hand) and this build, decode at 1 / 16 / 64 after 128 tokens and a 1K prefill
 #   bkv KV[,F]   engine decode at batch 1, 64 and 256 after 128-token prompts with the KV cache KV
@@ -215,7 +216,8 @@ while [ $# -gt 0 ]; do
         margs=(); for s in "${sets[@]}"; do margs+=(--mma-min "$s"); done
         run sweep.log $B/examples/bench $BX --backend cuda --dtype bf16 --synthetic lightning \
           --seed 0 --engine --graphs on --prompt-len 128 --batch 64,256 --decode 32 --repeats 2 \
-          --no-hf --slot-memory 0.3 "${margs[@]}" ;;
+          --no-hf --slot-memory "${SLOTMEM:-0.3}" "${margs[@]}" ;;
+    slotmem) SLOTMEM=$1; shift ;;
     bold)
         # Issue 27's before: bench built at 059cb70^ (packed by hand as examples/bench_before),
         # then this build, on the same checkpoint: decode at 1, 16 and 64 after 128-token
