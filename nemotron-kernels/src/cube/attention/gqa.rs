@@ -139,14 +139,24 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     );
     sync_cube();
     let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
+    // The `r` heads' sums side by side, each still in increasing `i`: `r` independent chains
+    // (one head's 64 dependent FMAs at a time left the warp waiting on each, §38).
+    let mut dots = Array::<f32>::new(r);
     #[unroll]
     for j in 0..r {
-        let mut dot = 0.0f32;
+        dots[j] = 0.0f32;
+    }
+    #[unroll]
+    for i in 0..half {
+        let ki = kv[i];
         #[unroll]
-        for i in 0..half {
-            dot += kv[i] * qs[j * hd + d0 + i];
+        for j in 0..r {
+            dots[j] += ki * qs[j * hd + d0 + i];
         }
-        sm[j * GQA_UNITS + u] = dot;
+    }
+    #[unroll]
+    for j in 0..r {
+        sm[j * GQA_UNITS + u] = dots[j];
     }
     sync_cube();
     let valid = (n - t0).min(ATTN_CHUNK);
@@ -211,14 +221,22 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
             kv_read(vpool, (kvb + tt) * hd + dd, v_scale, fp8)
         };
     }
+    let mut accs = Array::<f32>::new(r);
     #[unroll]
     for j in 0..r {
-        let mut acc = 0.0f32;
+        accs[j] = 0.0f32;
+    }
+    #[unroll]
+    for i in 0..per {
+        let vi = vals[i];
         #[unroll]
-        for i in 0..per {
-            acc += ps[j * ATTN_CHUNK + j0 + i * parts] * vals[i];
+        for j in 0..r {
+            accs[j] += ps[j * ATTN_CHUNK + j0 + i * parts] * vi;
         }
-        sm[j * GQA_UNITS + u] = acc;
+    }
+    #[unroll]
+    for j in 0..r {
+        sm[j * GQA_UNITS + u] = accs[j];
     }
     sync_cube();
     let hb = (b * nh + gh * r) * chunks + c;
