@@ -11,7 +11,7 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 37, 48, 20),
         (2, 3, 7, 40),
         (1, 2, 300, 33),
-        // Past MATMUL_ROWS_FROM rows: blocks of rows per batch, the last ragged (the
+        // Past 1,024 rows (MATMUL_ROWS_FROM is 256): blocks of rows per batch, the last ragged (the
         // register-blocked kernel where `n % 4 == 0`: two column blocks, the second of 4
         // columns, `k` past three shared stages; in bf16 too where the product is too narrow
         // for the tiled path).
@@ -19,7 +19,7 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 1100, 200, 132),
         (64, 17, 40, 20),
         (1, 1030, 40, 22),
-        // Blocks of 8 rows in the plain kernel (256 ≤ rows < 1,024), the last ragged.
+        // Blocks of 8 rows in the plain kernel (256 rows and up, `n % 4 ≠ 0`), the last ragged.
         (1, 300, 40, 22),
     ] {
         let a = rng.vec(b * m * k, 1.0);
@@ -77,11 +77,11 @@ pub fn dense_linear_matches(arm: &Arm) {
 }
 
 /// The exact matmul sums every output in one order whatever the rows around it: the rows of the
-/// batch-256 decode router (2688 → 128, 8 rows per cube of the plain kernel), of a 1,030-row
+/// batch-256 decode router (2688 → 128, the register-blocked kernel, 8 rows per cube), of a 1,030-row
 /// router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one (16 rows per
 /// cube) are bit for bit those of the same rows alone (20 rows: one row per cube), and so are
-/// the batch-256 router's on the register-blocked kernel (`matrows=64`). Cube arms only (the
-/// host reference is another code).
+/// the batch-256 router's on the plain kernel's 8-row cubes (`matrows=max`). Cube arms only
+/// (the host reference is another code).
 pub fn dense_linear_rows_invariant(arm: &Arm) {
     use nemotron_kernels::cube::plans::matmul::block_rows;
     assert_eq!(
@@ -93,12 +93,12 @@ pub fn dense_linear_rows_invariant(arm: &Arm) {
     for (m, k, n) in [(256, 2688, 128), (1030, 264, 132), (4300, 72, 8)] {
         rows_invariant_case(arm, m, k, n);
     }
-    // `matrows` moves the register-blocked kernel's start: the batch-256 router on it (8 rows
-    // per cube) still sums as the plain kernel's 20 rows.
+    // `matrows` moves the register-blocked kernel's start: the batch-256 router off it (the
+    // plain kernel's 8-row cubes) still sums as the plain kernel's 20 rows.
     use nemotron_kernels::cube::settings::Settings;
     let saved = Settings::current();
     let mut s = saved.clone();
-    s.matmul_rows_from = 64;
+    s.matmul_rows_from = usize::MAX;
     s.apply().expect("matrows applies");
     rows_invariant_case(arm, 256, 2688, 128);
     saved.apply().expect("the settings restore");

@@ -2,7 +2,7 @@
 //! in f32 term by term (no tensor cores, no reordering beyond the split below): the exact matmul
 //! every arm shares for the dense linears, the router and attention.
 //! Grid: a cube covers [`MATMUL_COLS`] consecutive columns of [`MATMUL_ROWS`] rows of one batch
-//! (one row in products of fewer than [`MATMUL_ROWS_FROM`] rows); its [`MATMUL_SPLITS`] unit
+//! (one row in products of fewer than [`MATMUL_BLOCK_FROM`] rows); its [`MATMUL_SPLITS`] unit
 //! rows split `K` (unit row `y` sums `k ≡ y mod splits`) and add their partial sums through
 //! shared memory. Reads of `w` are coalesced along the columns and shared by the cube's rows
 //! (one row per cube read `w` once per row: the prefill router at 1,024 rows re-read its
@@ -301,8 +301,11 @@ pub const MATMUL_ROWS: usize = 8;
 /// (`docs/PERF.md` §33).
 pub const MATMUL_BLOCK_FROM: usize = 256;
 /// Rows (all batches) from which the register-blocked [`matmul_rows_kernel()`] runs (the
-/// default of [`set_rows_from`]).
-pub const MATMUL_ROWS_FROM: usize = 1024;
+/// default of [`set_rows_from`]). The router `2688 → 128` (H100 kernel table, µs a
+/// `dense_linear` with its cast and transpose, replayed; PERF §38): at 64 rows 21.8 here
+/// ([`matmul_kernel()`], one row a cube) against 46.1 there (8 cubes); at 256 rows 92.3 here
+/// (8-row cubes) against **50.3** there (32 cubes of 8 rows).
+pub const MATMUL_ROWS_FROM: usize = 256;
 /// `k`s of a unit whose loads [`matmul_kernel()`] issues together.
 pub const MATMUL_AHEAD: usize = 4;
 
