@@ -139,8 +139,8 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     );
     sync_cube();
     let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
-    // The `r` heads' sums side by side, each still in increasing `i`: `r` independent chains
-    // (one head's 64 dependent FMAs at a time left the warp waiting on each, §38).
+    // The `r` heads' sums side by side, each still in increasing `i` (the same sums as one head
+    // at a time; as fast on the H100's kernel table, PERF §38: NVRTC interleaved those too).
     let mut dots = Array::<f32>::new(r);
     #[unroll]
     for j in 0..r {

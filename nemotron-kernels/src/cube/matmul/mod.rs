@@ -298,7 +298,8 @@ pub const MATMUL_ROWS: usize = 8;
 /// one row per cube keeps the grid wide (a decode batch's router, 64 rows × 4 column blocks,
 /// would shrink to 32 cubes). At 256 rows (the batch-256 decode router, 4 × 32 = 128 cubes) one
 /// row per cube read the whole 1.4 MB f32 weight once per row, 71.5 µs a layer on the H100
-/// (`docs/PERF.md` §33).
+/// (`docs/PERF.md` §33). That router now runs [`matmul_rows_kernel()`] ([`MATMUL_ROWS_FROM`]);
+/// these blocks serve products of 256 rows and more with `n % 4 ≠ 0`.
 pub const MATMUL_BLOCK_FROM: usize = 256;
 /// Rows (all batches) from which the register-blocked [`matmul_rows_kernel()`] runs (the
 /// default of [`set_rows_from`]). The router `2688 → 128` (H100 kernel table, µs a
