@@ -216,9 +216,11 @@ pub fn expert_linears_match(arm: &Arm) {
                     assert_eq!(&want[s * n..(s + 1) * n], &one[..], "reference slot {s}");
                 }
             }
-            // Slot-major, then expert-major from 16 slots (the process-wide switch; both paths
-            // are right, so a concurrent test that sees either stays right).
-            for min_slots in [usize::MAX, 16] {
+            // Expert-major from 16 slots, then slot-major (the process-wide switch; both paths
+            // are right, so a concurrent test that sees either stays right). Expert-major first:
+            // after the slot-major run its output could land in that run's freed buffer, where a
+            // slot the grouping dropped would still read right.
+            for min_slots in [16, usize::MAX] {
                 grouped::set_grouped_min_slots(min_slots);
                 let got = host(ops::nvfp4_expert_linear(
                     arm.t(&x, [rows, k]),
