@@ -19,8 +19,9 @@ pub fn matmul_matches(arm: &Arm) {
         (1, 1100, 200, 132),
         (64, 17, 40, 20),
         (1, 1030, 40, 22),
-        // Blocks of 8 rows in the plain kernel (256 rows and up, `n % 4 ≠ 0`), the last ragged.
-        (1, 300, 40, 22),
+        // Blocks of 8 rows in the plain kernel (256 rows and up, `n % 4 ≠ 0`), the last ragged;
+        // `k` long enough for its passes of four `k`s a unit and a tail.
+        (1, 300, 100, 22),
     ] {
         let a = rng.vec(b * m * k, 1.0);
         let w = rng.vec(b * k * n, 1.0);

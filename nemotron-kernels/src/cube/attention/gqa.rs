@@ -139,24 +139,14 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     );
     sync_cube();
     let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
-    // The `r` heads' sums side by side, each still in increasing `i` (the same sums as one head
-    // at a time; as fast on the H100's kernel table, PERF §38: NVRTC interleaved those too).
-    let mut dots = Array::<f32>::new(r);
     #[unroll]
     for j in 0..r {
-        dots[j] = 0.0f32;
-    }
-    #[unroll]
-    for i in 0..half {
-        let ki = kv[i];
+        let mut dot = 0.0f32;
         #[unroll]
-        for j in 0..r {
-            dots[j] += ki * qs[j * hd + d0 + i];
+        for i in 0..half {
+            dot += kv[i] * qs[j * hd + d0 + i];
         }
-    }
-    #[unroll]
-    for j in 0..r {
-        sm[j * GQA_UNITS + u] = dots[j];
+        sm[j * GQA_UNITS + u] = dot;
     }
     sync_cube();
     let valid = (n - t0).min(ATTN_CHUNK);
@@ -221,22 +211,14 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
             kv_read(vpool, (kvb + tt) * hd + dd, v_scale, fp8)
         };
     }
-    let mut accs = Array::<f32>::new(r);
     #[unroll]
     for j in 0..r {
-        accs[j] = 0.0f32;
-    }
-    #[unroll]
-    for i in 0..per {
-        let vi = vals[i];
+        let mut acc = 0.0f32;
         #[unroll]
-        for j in 0..r {
-            accs[j] += ps[j * ATTN_CHUNK + j0 + i * parts] * vi;
+        for i in 0..per {
+            acc += ps[j * ATTN_CHUNK + j0 + i * parts] * vals[i];
         }
-    }
-    #[unroll]
-    for j in 0..r {
-        sm[j * GQA_UNITS + u] = accs[j];
+        sm[j * GQA_UNITS + u] = acc;
     }
     sync_cube();
     let hb = (b * nh + gh * r) * chunks + c;

@@ -379,8 +379,9 @@ pub fn matmul_kernel<F: Float>(
         let mut wi = (bb * k + y) * n + col;
         let mut kk = y;
         // [`MATMUL_AHEAD`] of the unit's `k`s a pass, every load issued before any product (the
-        // loop waited on each load in turn: 36 µs for the batch-64 decode router and 157 µs at
-        // batch 256, 8 rows per cube, H100, PERF §38); each sum still adds in increasing `k`.
+        // loop waited on each load in turn: 36 µs for the batch-64 decode router, one row a
+        // cube, and 157 µs at batch 256, 8 rows a cube, H100, PERF §38; ≈ 14 and ≈ 84 after);
+        // each sum still adds in increasing `k`.
         let ahead = comptime!(MATMUL_AHEAD);
         while kk + (ahead - 1) * splits < k {
             let mut wv = Array::<f32>::new(ahead);
