@@ -3,7 +3,8 @@
 #   tools/device/call.sh STEP...   with STEP one of
 #   unpack       unpack .device/ (tools/device/pack.sh) and link the build-time checkout path
 #   synth        write the full-size Lightning checkpoint (lightning-mixed) to /tmp/lt
-#   synth-bg     the same in the background (waited for by the first step that needs /tmp/lt)
+#   synth-bg     the same in the background (waited for by the first step that needs /tmp/lt);
+#                both keep a checkpoint an earlier call on the same warm machine finished
 #   tests        every CUDA test with --ignored (deps/ops, deps/it's device modules, deps/memory
 #                where packed)
 #   tests-ops F  the ops tests whose names contain one of the comma-separated F, then deps/it's
@@ -74,7 +75,8 @@
 #                the rows whose names contain one of the comma-separated ONLY
 #   ncuk ONLY RE ncu sections (speed of light, occupancy, warp states, memory, instructions, source
 #                counters) over the first 6 launches of the kernels matching the regex RE while the
-#                kernel table runs its rows matching ONLY (e.g. ncuk "decode attention" attn_gqa)
+#                kernel table runs its rows matching ONLY (e.g. ncuk "decode attention" attn_gqa);
+#                the Nth ncuk of a call writes ncu_kernelsN.txt.xz
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level;
@@ -127,10 +129,15 @@ while [ $# -gt 0 ]; do
   case $step in
     unpack) bash tools/device/unpack.sh || exit 1 ;;
     bargs) BX=$1; BT=$(printf %s "$1" | tr -cs 'A-Za-z0-9' _); shift ;;
-    synth) run synth.log $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text ;;
+    # A checkpoint a previous call on this warm machine finished ($LT/.done) is kept.
+    synth) [ -f $LT/.done ] || { run synth.log $B/examples/synth --out $LT --geometry lightning \
+             --recipe lightning-mixed --text && touch $LT/.done; } ;;
     synth-bg)
-      ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text >"$OUT/synth.log" 2>&1 ) &
-      SYNTH_PID=$! ;;
+      if [ ! -f $LT/.done ]; then
+        ( $B/examples/synth --out $LT --geometry lightning --recipe lightning-mixed --text \
+            >"$OUT/synth.log" 2>&1 && touch $LT/.done ) &
+        SYNTH_PID=$!
+      fi ;;
     tests)
       run tests.log $B/deps/ops --ignored --test-threads 1
       run tests.log $B/deps/it --ignored --test-threads 1 $IT
@@ -289,12 +296,13 @@ while [ $# -gt 0 ]; do
     ncuk)
         # ncu sections over the first launches of the kernels matching $2 while the kernel
         # table runs its rows matching $1 (no checkpoint, no model: seconds).
-        run ncu_kernels.txt timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
+        NK=$((${NK:-0} + 1))
+        run ncu_kernels$NK.txt timeout 400 /usr/local/cuda/bin/ncu --clock-control none \
           --kernel-name "regex:$2" --launch-count 6 --section SpeedOfLight --section Occupancy \
           --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
           --section InstructionStats --section SourceCounters \
           $B/deps/kernels $BX --backend cuda --dtype bf16 --only "$1"
-        xz -f "$OUT/ncu_kernels.txt"; shift 2 ;;
+        xz -f "$OUT/ncu_kernels$NK.txt"; shift 2 ;;
     opsb)
       IFS=, read -r -a filt <<<"$1"; shift
       run tests_broken.log $B/deps/ops_broken --ignored --test-threads 1 "${filt[@]}"

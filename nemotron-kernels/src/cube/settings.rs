@@ -46,6 +46,9 @@ pub struct Settings {
     /// Cubes per GQA group of decode attention, 0 for its plan by grid
     /// ([`decode::set_gqa_split`]).
     pub attn_split: usize,
+    /// Whether decode attention's GQA kernel stages K through shared memory where it can
+    /// ([`decode::set_gqa_stage`]).
+    pub attn_stage: bool,
     /// Rows from which the exact matmul runs its register-blocked kernel
     /// ([`matmul::set_rows_from`]).
     pub matmul_rows_from: usize,
@@ -69,6 +72,7 @@ impl Default for Settings {
             flash_mma: true,
             ssm_walk: step::SSM_WALK_DEFAULT,
             attn_split: 0,
+            attn_stage: decode::GQA_STAGE,
             matmul_rows_from: matmul::MATMUL_ROWS_FROM,
         }
     }
@@ -92,6 +96,7 @@ impl Settings {
             flash_mma: flash::flash_mma(),
             ssm_walk: step::ssm_walk(),
             attn_split: decode::gqa_split(),
+            attn_stage: decode::gqa_stage(),
             matmul_rows_from: matmul::rows_from(),
         }
     }
@@ -113,6 +118,7 @@ impl Settings {
         flash::set_flash_mma(self.flash_mma);
         step::set_ssm_walk(self.ssm_walk);
         decode::set_gqa_split(self.attn_split);
+        decode::set_gqa_stage(self.attn_stage);
         matmul::set_rows_from(self.matmul_rows_from);
         Ok(())
     }
@@ -130,7 +136,8 @@ impl Settings {
     /// (warps of a plain FP8 or dense `mma` cube taking row tiles side by side); `bdec=on|off`
     /// (the NVFP4 tensor-core kernels decode E2M1 in bf16 alone);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
-    /// threads a widened grid aims for); `tw=4|8` (warps per cube of the tiled kernels);
+    /// threads a widened grid aims for); `kw=1|2|4` (warps splitting K of a tensor-core cube
+    /// before widening); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
     /// shared staging buffers: two barriers per step, or one); `tp=1..4` (cube rows per expert
     /// of a routed tiled launch); `gw=2|4` (warps along tokens of the FP8 GEMM: 64 or 128 tokens
@@ -151,7 +158,8 @@ impl Settings {
     /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
     /// batch, the default; 1: one row a warp, as before); `attnsplit=auto|1|2|4|8|16` (cubes per
     /// GQA group of decode attention; `auto`: its plan by grid, the default; 1: one cube a
-    /// group, as before); `matrows=N` (rows from which the exact f32 matmul, the router's,
+    /// group, as before); `attnstage=on|off` (the GQA kernel's K rows staged through shared
+    /// memory, plain 16-bit pools); `matrows=N` (rows from which the exact f32 matmul, the router's,
     /// runs its register-blocked kernel; `max` never). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.
@@ -225,6 +233,7 @@ impl Settings {
                 "inq" => s.fp8_inq_max = num(v)?,
                 "grp" => s.tune.group = num(v)?,
                 "threads" => s.tune.threads = num(v)?,
+                "kw" => s.tune.k_warps = num(v)?,
                 "tw" => s.tune.tile_warps = num(v)?,
                 "nt" => s.tune.tile_tiles = num(v)?,
                 "rf" => s.tune.tile_frags = num(v)?,
@@ -257,6 +266,7 @@ impl Settings {
                         w => return Err(format!("{text:?}: ssmwalk={w}: auto, 1, 2, 4 or 8")),
                     },
                 },
+                "attnstage" => s.attn_stage = on_off(k, v)?,
                 "attnsplit" => match v {
                     "auto" => s.attn_split = 0,
                     v => match num(v)? {

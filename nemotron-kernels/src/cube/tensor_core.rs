@@ -23,12 +23,12 @@ pub const WARPS: u32 = 4;
 /// 16 warps per cube took the batch-1 Lightning step from 2.99 to 2.80 ms on the H200).
 pub const TARGET_THREADS: usize = 64 * 1024;
 
-/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time: [`WARPS`],
-/// doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
+/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time:
+/// [`MmaTuning::k_warps`] ([`WARPS`]), doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
 /// warp still has a load round of its own.
 pub(crate) fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
     let t = tuning();
-    let mut kw = WARPS as usize;
+    let mut kw = t.k_warps;
     while t.widen && kw < 16 && cubes * kw * 32 < t.threads && 2 * kw * grp <= iters {
         kw *= 2;
     }
@@ -123,6 +123,10 @@ pub struct MmaTuning {
     pub widen: bool,
     /// The threads a widened grid aims for.
     pub threads: usize,
+    /// Warps splitting K of a tensor-core cube before widening: 1, 2 or 4 ([`WARPS`]). Fewer
+    /// warps make smaller cubes, so more stay resident at once where registers limit them
+    /// (a grid past one wave runs a second, mostly idle one).
+    pub k_warps: usize,
     /// Warps per cube of the tiled kernels ([`super::linear::tile`]): 4 or 8 (64 or 128 weight rows;
     /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
     /// [`tile_warps`]).
@@ -167,6 +171,7 @@ impl Default for MmaTuning {
             pipe: PIPE,
             widen: true,
             threads: TARGET_THREADS,
+            k_warps: WARPS as usize,
             tile_warps: TILE_WARPS,
             tile_tiles: TILE_TILES,
             tile_frags: TILE_FRAGS,
@@ -223,6 +228,7 @@ static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: AtomicBool = AtomicBool::new(PIPE);
 static TUNE_WIDEN: AtomicBool = AtomicBool::new(true);
 static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
+static TUNE_K_WARPS: AtomicUsize = AtomicUsize::new(WARPS as usize);
 static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(TILE_WARPS);
 static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(TILE_TILES);
 static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(TILE_FRAGS);
@@ -252,6 +258,7 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
     TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
     TUNE_THREADS.store(t.threads, Ordering::Relaxed);
+    TUNE_K_WARPS.store(t.k_warps, Ordering::Relaxed);
     Ok(())
 }
 
@@ -262,7 +269,13 @@ impl MmaTuning {
     /// GEMM warps along tokens other than 2 or 4, GEMM groups per step other than 1 or 2, or
     /// warps over row tiles other than 1, 2 or 4.
     pub fn check(&self) -> Result<(), String> {
-        let knobs: [(&str, &str, usize, &[usize]); 9] = [
+        let knobs: [(&str, &str, usize, &[usize]); 10] = [
+            (
+                "kw",
+                "tensor-core warps splitting K before widening",
+                self.k_warps,
+                &[1, 2, 4],
+            ),
             (
                 "mw",
                 "FP8 and dense mma kernel warps over row tiles",
@@ -329,6 +342,7 @@ pub fn tuning() -> MmaTuning {
         pipe: TUNE_PIPE.load(Ordering::Relaxed),
         widen: TUNE_WIDEN.load(Ordering::Relaxed),
         threads: TUNE_THREADS.load(Ordering::Relaxed),
+        k_warps: TUNE_K_WARPS.load(Ordering::Relaxed),
         tile_warps: TUNE_TILE_WARPS.load(Ordering::Relaxed),
         tile_tiles: TUNE_TILE_TILES.load(Ordering::Relaxed),
         tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),

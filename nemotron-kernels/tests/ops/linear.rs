@@ -374,6 +374,14 @@ pub fn mma_linears_match(arm: &Arm) {
             bf16_decode: !mma::BF16_DECODE,
             ..mma::MmaTuning::default()
         });
+        // Cubes of one and two warps splitting K (`k_warps`), unwidened and widened.
+        for (k_warps, widen) in [(1, false), (2, true)] {
+            tunings.push(mma::MmaTuning {
+                k_warps,
+                widen,
+                ..mma::MmaTuning::default()
+            });
+        }
     }
     // The tiled kernels' other shapes (bf16 only; the tiled and GEMM paths alone): 4 or 8 warps (64 or
     // 128 weight rows), up to 4, 8 or 16 token tiles, one or two 16-row fragments per warp, one

@@ -632,6 +632,21 @@ fn attention_plan_keeps_each_form_where_it_fits() {
 /// 1K (17 chunks: 68 cubes), stay whole after 8K (129 chunks) and at batches 16 and 64 — the
 /// best of the H100's kernel table at each context (§37); a forced split rounds down to a power
 /// of two dividing the group; a group of 6 splits at most 2 ways.
+/// When the GQA decode kernel stages K through shared memory: Lightning's group of 16 heads
+/// (hd 128) in bf16 (24.6 KB of the kernel's own + 16.6 KB of rows), not in f32 (33.3 KB of
+/// rows: past 48 KiB), never over an FP8 pool or when not asked, and not past the device's limit.
+#[test]
+fn gqa_stage_plan_fits_shared_memory() {
+    use nemotron_kernels::cube::plans::attention::gqa_stages;
+    let big = 228 * 1024;
+    assert!(gqa_stages(true, false, 2, 16, 128, big));
+    assert!(!gqa_stages(true, false, 4, 16, 128, big));
+    assert!(gqa_stages(true, false, 4, 2, 128, big));
+    assert!(!gqa_stages(true, true, 2, 16, 128, big));
+    assert!(!gqa_stages(false, false, 2, 16, 128, big));
+    assert!(!gqa_stages(true, false, 2, 16, 128, 40 * 1024));
+}
+
 #[test]
 fn gqa_split_plan_fills_small_grids() {
     use nemotron_kernels::cube::plans::attention::gqa_split_plan as plan;
@@ -718,6 +733,10 @@ fn settings_parse_each_key_into_its_field() {
     assert_eq!((t.gemm_warps_n, t.gemm_steps), (2, 2));
     assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
     assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
+    assert_eq!(Settings::parse("kw=2").unwrap().tune.k_warps, 2);
+    assert!(!Settings::parse("attnstage=off").unwrap().attn_stage);
+    assert!(Settings::parse("attnstage=on").unwrap().attn_stage);
+    assert_eq!(d.tune.k_warps, 4);
     assert_eq!(Settings::parse("ssmwalk=4").unwrap().ssm_walk, 4);
     assert_eq!(Settings::parse("ssmwalk=auto").unwrap().ssm_walk, 0);
     assert_eq!(Settings::parse("attnsplit=4").unwrap().attn_split, 4);
@@ -805,6 +824,8 @@ fn settings_parse_each_key_into_its_field() {
         ("grp=3", "grp=3"),
         ("mw=3", "mw=3"),
         ("mw=8", "mw=8"),
+        ("kw=3", "kw=3"),
+        ("kw=8", "kw=8"),
         ("scanchunk=0", "scanchunk=0"),
         ("attn=flash", "attn"),
         ("pipe=maybe", "pipe"),
