@@ -339,12 +339,44 @@ pub fn e2m1_codes_decode_as_defined(arm: &Arm) {
 /// whose last 128-input step is half empty), NVFP4 routed experts (grouped by expert, groups of
 /// 1–20 slots), FP8 plain into three parts (Mamba's `in_proj`) and plain with relu², dense bf16.
 pub fn mma_linears_match(arm: &Arm) {
+    mma_linears_under(arm, Tunings::Rounds);
+}
+
+/// [`mma_linears_match`] under cubes of one and two warps splitting K (`k_warps`), unwidened and
+/// widened (CUDA bf16 only: elsewhere every pass is a GEMV).
+pub fn mma_linears_k_warps_match(arm: &Arm) {
+    mma_linears_under(arm, Tunings::KWarps);
+}
+
+/// [`mma_linears_match`]'s tiled and GEMM paths under their other shapes (CUDA bf16 only).
+pub fn mma_linears_tiled_match(arm: &Arm) {
+    mma_linears_under(arm, Tunings::Tiled);
+}
+
+/// The tensor-core tunings a test runs the linears under, split so each CUDA test stays within
+/// a device call (the bf16 test under every tuning took 392–449 s on an H100 before the split).
+#[derive(Clone, Copy, PartialEq)]
+enum Tunings {
+    /// The default, then the load rounds and accumulations (bf16 arms).
+    Rounds,
+    /// Cubes of fewer warps splitting K.
+    KWarps,
+    /// The tiled kernels' shapes.
+    Tiled,
+}
+
+fn mma_linears_under(arm: &Arm, which: Tunings) {
     use nemotron_kernels::cube::plans::linear as mma;
+    let bf16 = arm.dtype == burn::tensor::DType::BF16;
+    assert!(
+        which == Tunings::Rounds || bf16,
+        "the tensor-core tunings run on bf16 arms only"
+    );
     // The load rounds of the tensor-core kernels (default; pipelined at groups 1 and 4), the
     // latter two with the FP8 kernel's other accumulation (in the `mma` or per `k32` step):
     // they apply to bf16 arms only (elsewhere every pass is a GEMV, so once is enough).
     let mut tunings = vec![mma::MmaTuning::default()];
-    if arm.dtype == burn::tensor::DType::BF16 {
+    if bf16 {
         // The second and fourth decode NVFP4 the other way (`bf16_decode`). Each also with the
         // plain FP8 and dense cubes' warps over another count of row tiles
         // (`m_warps`; it takes effect in the two unwidened tunings: the small grids here would
@@ -374,21 +406,24 @@ pub fn mma_linears_match(arm: &Arm) {
             bf16_decode: !mma::BF16_DECODE,
             ..mma::MmaTuning::default()
         });
+    }
+    if which == Tunings::KWarps {
         // Cubes of one and two warps splitting K (`k_warps`), unwidened and widened.
-        for (k_warps, widen) in [(1, false), (2, true)] {
-            tunings.push(mma::MmaTuning {
+        tunings = [(1, false), (2, true)]
+            .into_iter()
+            .map(|(k_warps, widen)| mma::MmaTuning {
                 k_warps,
                 widen,
                 ..mma::MmaTuning::default()
-            });
-        }
+            })
+            .collect();
     }
     // The tiled kernels' other shapes (bf16 only; the tiled and GEMM paths alone): 4 or 8 warps (64 or
     // 128 weight rows), up to 4, 8 or 16 token tiles, one or two 16-row fragments per warp, one
     // or two staging buffers, 1–4 cube rows per expert; every other one decoding NVFP4 the other
     // way (in bf16 alone, or through f16 and f32), every third accumulating FP8 the other way.
     let mut tiled = vec![];
-    if arm.dtype == burn::tensor::DType::BF16 {
+    if which == Tunings::Tiled {
         // With them the FP8 GEMM's shapes: 2 or 4 warps along tokens, 1 or 2 groups per step.
         for (i, (tile_warps, tile_tiles, tile_frags, tile_buffers, tile_parts)) in [
             (4, 8, 1, 1, 1),
@@ -418,6 +453,9 @@ pub fn mma_linears_match(arm: &Arm) {
                 ..mma::MmaTuning::default()
             });
         }
+    }
+    if which == Tunings::Tiled {
+        tunings.clear();
     }
     for (t, tiled_only) in tunings
         .into_iter()

@@ -888,6 +888,30 @@ macro_rules! arms {
     };
 }
 
+/// The tensor-core tunings beyond the default (they change nothing where every pass is a GEMV,
+/// so CUDA bf16 only).
+#[cfg(feature = "cuda")]
+mod cuda_bf16_tunings {
+    use super::*;
+    fn arm() -> super::Arm {
+        super::Arm {
+            dev: burn::tensor::Device::cuda(0),
+            dtype: burn::tensor::DType::BF16,
+            band: super::BF16,
+        }
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn mma_linears_k_warps() {
+        linear::mma_linears_k_warps_match(&arm())
+    }
+    #[test]
+    #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
+    fn mma_linears_tiled() {
+        linear::mma_linears_tiled_match(&arm())
+    }
+}
+
 arms! {
     argmax_rows => argmax::argmax_rows_matches,
     logprob_rows => argmax::logprob_rows_match,
