@@ -727,6 +727,14 @@ macro_rules! host_backend {
                 let wt = <$b as FloatTensorOps<$b>>::float_transpose(w);
                 <$b as FloatTensorOps<$b>>::float_matmul(x, wt)
             }
+            fn dense_linear_t(
+                x: burn::backend::tensor::FloatTensor<Self>,
+                w: burn::backend::tensor::FloatTensor<Self>,
+                _wt: burn::backend::tensor::FloatTensor<Self>,
+            ) -> burn::backend::tensor::FloatTensor<Self> {
+                // The host's product transposes `w` as a view: `wt` would change nothing.
+                Self::dense_linear(x, w)
+            }
             fn nvfp4_linear(
                 x: burn::backend::tensor::FloatTensor<Self>,
                 w: Nvfp4Weights<Self>,

@@ -207,6 +207,16 @@ pub trait NemotronOps: Backend {
     /// without a cast launch).
     fn dense_linear(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
 
+    /// [`Self::dense_linear`] with `wt` = `w` transposed (`[K, N]`, contiguous) held by the
+    /// caller: the same product, bit for bit, where the device backends' many-row path reads
+    /// `wt` instead of transposing `w` every call (the router past 16 rows: a 1.4 MB copy a
+    /// layer, ≈ 5 µs on the H100, `docs/PERF.md` §38).
+    fn dense_linear_t(
+        x: FloatTensor<Self>,
+        w: FloatTensor<Self>,
+        wt: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
     /// NVFP4 weight-only linear `y[r, n] = epi(gs · Σ_b s[n, b] · Σ_j E2M1[n, 16b + j] ·
     /// x[row(r), 16b + j])` over `x [R, in]`, the rows as [`Rows`] says; `y`: `[rows, out]`.
     fn nvfp4_linear(

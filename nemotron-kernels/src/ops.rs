@@ -130,6 +130,27 @@ pub fn dense_linear(x: Tensor<2>, w: Tensor<2>) -> Tensor<2> {
     ))
 }
 
+/// [`dense_linear`] with `wt`, `w` transposed (`[in, out]`), held by the caller so the device
+/// backends' many-row path need not transpose `w` each call (see
+/// [`NemotronOps::dense_linear_t`]). The same product as [`dense_linear`].
+pub fn dense_linear_t(x: Tensor<2>, w: Tensor<2>, wt: Tensor<2>) -> Tensor<2> {
+    let ([_, k], [n, kw], wtd) = (x.dims(), w.dims(), wt.dims());
+    assert_eq!(
+        k, kw,
+        "dense_linear_t: x has {k} columns, the weight {kw} inputs"
+    );
+    assert_eq!(
+        wtd,
+        [kw, n],
+        "dense_linear_t: the transposed weight is {wtd:?}, the weight [{n}, {kw}]"
+    );
+    out(<D as NemotronOps>::dense_linear_t(
+        x.into_dispatch(),
+        w.into_dispatch(),
+        wt.into_dispatch(),
+    ))
+}
+
 fn check_rows(op: &str, x: &Tensor<2>, shape: StackShape, experts: Option<&Tensor<1, Int>>) {
     let [_, k] = x.dims();
     assert_eq!(

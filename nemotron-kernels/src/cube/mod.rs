@@ -149,6 +149,10 @@ impl<R: CubeRuntime> NemotronOps for CubeBackend<R> {
         matmul::linear_launch(x, w)
     }
 
+    fn dense_linear_t(x: T<R>, w: T<R>, wt: T<R>) -> T<R> {
+        matmul::linear_launch_t(x, w, Some(wt))
+    }
+
     fn nvfp4_linear(x: T<R>, w: Nvfp4Weights<Self>, rows: Rows<Self>, epi: Epilogue) -> T<R> {
         linear::launcher::launch(x, w, rows, epi)
     }

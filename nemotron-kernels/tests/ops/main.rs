@@ -942,6 +942,7 @@ arms! {
     matmul => matmul::matmul_matches,
     dense_linear => matmul::dense_linear_matches,
     dense_linear_rows_invariant => matmul::dense_linear_rows_invariant,
+    dense_linear_t => matmul::dense_linear_t_matches,
     dense_linear_tiled => matmul::dense_linear_tiled_matches,
     conv_step => slots::conv_step_matches,
     ssm_step => slots::ssm_step_matches,

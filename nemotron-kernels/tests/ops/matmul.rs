@@ -77,6 +77,28 @@ pub fn dense_linear_matches(arm: &Arm) {
     }
 }
 
+/// `dense_linear_t` (the weight's transpose held by the caller, as the router holds it) is
+/// `dense_linear` bit for bit: one row (the GEMV), 40 rows (the exact matmul's plain kernel, past
+/// the GEMV's 16) and 300 (its register-blocked kernel), an f32 weight over activations in the
+/// arm's dtype.
+pub fn dense_linear_t_matches(arm: &Arm) {
+    let mut rng = Rng::new(17, arm);
+    for (m, k, n) in [(1, 2688, 128), (40, 264, 132), (300, 264, 132)] {
+        let x = rng.vec(m * k, 1.0);
+        let w = rng.vec(n * k, 1.0);
+        let (xa, wa) = (arm.t(&x, [m, k]), arm.f32(&w, [n, k]));
+        let wt = ops::contiguous(wa.clone().transpose());
+        let held = host(ops::dense_linear_t(xa.clone(), wa.clone(), wt));
+        let plain = host(ops::dense_linear(xa, wa));
+        close(
+            &format!("dense_linear_t {m}×{k}·({n}×{k})ᵀ == dense_linear"),
+            &held,
+            &plain,
+            0.0,
+        );
+    }
+}
+
 /// The exact matmul sums every output in one order whatever the rows around it: the rows of the
 /// batch-256 decode router (2688 → 128, the register-blocked kernel, 8 rows per cube), of a 1,030-row
 /// router product (register-blocked kernel, 8 rows per cube) and of a 4,300-row one (16 rows per

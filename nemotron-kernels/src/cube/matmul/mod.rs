@@ -130,6 +130,16 @@ pub fn dense_gemv_kernel<F: Float, W: Float, NV: Size>(
 
 /// `x · wᵀ` for `x [M, K]`, `w [N, K]`, in `w`'s dtype.
 pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> CubeTensor<R> {
+    linear_launch_t(x, w, None)
+}
+
+/// [`linear_launch`] with `wt` (`w` transposed, `[K, N]`) where the caller holds it: the
+/// many-row path reads it instead of transposing `w` (same kernel, same sums).
+pub fn linear_launch_t<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    w: CubeTensor<R>,
+    wt: Option<CubeTensor<R>>,
+) -> CubeTensor<R> {
     let wd = match w.dtype {
         DType::F32 | DType::BF16 | DType::F16 => w.dtype,
         _ => DType::F32,
@@ -145,7 +155,10 @@ pub fn linear_launch<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>) -> Cube
     let n = w.meta.shape()[0];
     if m > GEMV_MAX_ROWS || k % 4 != 0 {
         type B<R> = CubeBackend<R>;
-        let wt = <B<R> as FloatTensorOps<B<R>>>::float_swap_dims(w, 0, 1);
+        let wt = match wt {
+            Some(wt) => contiguous_as(wt, wd),
+            None => <B<R> as FloatTensorOps<B<R>>>::float_swap_dims(w, 0, 1),
+        };
         let wt = <B<R> as FloatTensorOps<B<R>>>::float_reshape(wt, [1, k, n].into());
         let x =
             <B<R> as FloatTensorOps<B<R>>>::float_reshape(contiguous_as(x, wd), [1, m, k].into());
