@@ -33,8 +33,9 @@ struct Args {
     /// One kernel setting (`bench --mma-min`'s syntax) instead of the library's defaults.
     #[arg(long)]
     mma_min: Option<String>,
-    /// Only the rows whose names contain one of these comma-separated strings (all rows when
-    /// not given).
+    /// Only the rows whose names contain one of these strings, separated by `|` where the text
+    /// holds one (row names hold commas: "…tensor cores, quantized in-kernel"), else by commas
+    /// (all rows when not given).
     #[arg(long)]
     only: Option<String>,
     /// What `cargo bench` passes to every bench target; accepted and ignored.
@@ -697,7 +698,9 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         "op", "eager µs", "replay µs", "bytes", "GB/s", "% copy", "GFLOP/s"
     );
     let wanted = |name: &str| match &a.only {
-        Some(o) => o.split(',').any(|p| name.contains(p)),
+        Some(o) => o
+            .split(if o.contains('|') { '|' } else { ',' })
+            .any(|p| name.contains(p)),
         None => true,
     };
     for mut r in rows.into_iter().filter(|r| wanted(&r.name)) {

@@ -76,7 +76,8 @@
 #   ncuk ONLY RE ncu sections (speed of light, occupancy, warp states, memory, instructions, source
 #                counters) over the first 6 launches of the kernels matching the regex RE while the
 #                kernel table runs its rows matching ONLY (e.g. ncuk "decode attention" attn_gqa);
-#                the Nth ncuk of a call writes ncu_kernelsN.txt.xz
+#                the Nth ncuk of a call writes ncu_kernelsN.txt.xz; ONLY is split at `|` where
+#                it holds one, else at commas (row names hold commas: "…, quantized in-kernel")
 #   ncu SETTING  ncu over one engine step at batch 1 after a 1K prompt (kernel durations, CSV)
 #   load CLIENTS the OpenAI server under load (examples/loadtest, in-process server, 128-token
 #                token-id prompts, 64 tokens out, 2 streaming requests per client per level;

@@ -137,7 +137,8 @@ impl Settings {
     /// (the NVFP4 tensor-core kernels decode E2M1 in bf16 alone);
     /// `widen=on|off` (small tensor-core grids take up to 16 warps per cube); `threads=N` (the
     /// threads a widened grid aims for); `kw=1|2|4` (warps splitting K of a tensor-core cube
-    /// before widening); `tw=4|8` (warps per cube of the tiled kernels);
+    /// before widening); `waves=on|off` (a launch just past one wave halves its warps where that
+    /// fits it in one); `tw=4|8` (warps per cube of the tiled kernels);
     /// `nt=4|8|16` (the most token tiles of 8 a tiled cube takes per pass); `buf=1|2` (its
     /// shared staging buffers: two barriers per step, or one); `tp=1..4` (cube rows per expert
     /// of a routed tiled launch); `gw=2|4` (warps along tokens of the FP8 GEMM: 64 or 128 tokens
@@ -234,6 +235,7 @@ impl Settings {
                 "grp" => s.tune.group = num(v)?,
                 "threads" => s.tune.threads = num(v)?,
                 "kw" => s.tune.k_warps = num(v)?,
+                "waves" => s.tune.waves = on_off(k, v)?,
                 "tw" => s.tune.tile_warps = num(v)?,
                 "nt" => s.tune.tile_tiles = num(v)?,
                 "rf" => s.tune.tile_frags = num(v)?,

@@ -26,13 +26,56 @@ pub const TARGET_THREADS: usize = 64 * 1024;
 /// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time:
 /// [`MmaTuning::k_warps`] ([`WARPS`]), doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
 /// warp still has a load round of its own.
-pub(crate) fn warps(cubes: usize, iters: usize, grp: usize) -> usize {
+/// With [`MmaTuning::waves`] and the device's SM count (`sms`), [`wave_warps`] then halves a
+/// launch that spills just past one wave.
+pub(crate) fn warps(cubes: usize, iters: usize, grp: usize, sms: Option<usize>) -> usize {
     let t = tuning();
     let mut kw = t.k_warps;
     while t.widen && kw < 16 && cubes * kw * 32 < t.threads && 2 * kw * grp <= iters {
         kw *= 2;
     }
-    kw
+    match sms {
+        Some(sms) if t.waves => wave_warps(cubes, kw, sms),
+        _ => kw,
+    }
+}
+
+/// Registers a unit of the tensor-core `mma` kernels holds, rounded up to the allocation granule
+/// of 8 (ncu on the H100, `docs/PERF.md` §39: 52 for the NVFP4 kernel, 56 for FP8's): what
+/// [`wave_warps`] sizes the cubes resident on an SM by.
+pub const MMA_UNIT_REGISTERS: usize = 56;
+/// Registers of an SM (sm_80 to sm_90).
+const SM_REGISTERS: usize = 64 * 1024;
+
+/// Warps splitting K for a launch of `cubes` cubes of `kw` warps on `sms` SMs (pure; tested on
+/// the host): half of `kw` where the launch does not fit one wave of resident cubes (by
+/// registers, at [`MMA_UNIT_REGISTERS`] a unit) and half the warps would, else `kw`. The
+/// batch-1 routed `down` on Lightning is 1,344 cubes of 4 warps: 9 an SM, 1.13 waves on an
+/// H100's 132 SMs (ncu: the partial wave up to half the time); of 2 warps, 18 an SM: one wave.
+/// Launches of several full waves keep their cubes.
+pub fn wave_warps(cubes: usize, kw: usize, sms: usize) -> usize {
+    let resident = |kw: usize| {
+        (SM_REGISTERS / (MMA_UNIT_REGISTERS * 32 * kw))
+            .min(64 / kw)
+            .min(32)
+            * sms
+    };
+    if kw > 1 && cubes > resident(kw) && cubes <= resident(kw / 2) {
+        kw / 2
+    } else {
+        kw
+    }
+}
+
+/// The device's SM count (CUDA reports it; `None` elsewhere).
+pub(crate) fn sms<R: cubecl::prelude::Runtime>(
+    client: &cubecl::prelude::ComputeClient<R>,
+) -> Option<usize> {
+    client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .map(|n| n as usize)
 }
 
 static MIN: [AtomicUsize; 12] = [
@@ -127,6 +170,9 @@ pub struct MmaTuning {
     /// warps make smaller cubes, so more stay resident at once where registers limit them
     /// (a grid past one wave runs a second, mostly idle one).
     pub k_warps: usize,
+    /// A launch just past one wave halves its warps where that fits it in one ([`wave_warps`];
+    /// off until timed on CUDA).
+    pub waves: bool,
     /// Warps per cube of the tiled kernels ([`super::linear::tile`]): 4 or 8 (64 or 128 weight rows;
     /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
     /// [`tile_warps`]).
@@ -172,6 +218,7 @@ impl Default for MmaTuning {
             widen: true,
             threads: TARGET_THREADS,
             k_warps: WARPS as usize,
+            waves: false,
             tile_warps: TILE_WARPS,
             tile_tiles: TILE_TILES,
             tile_frags: TILE_FRAGS,
@@ -229,6 +276,7 @@ static TUNE_PIPE: AtomicBool = AtomicBool::new(PIPE);
 static TUNE_WIDEN: AtomicBool = AtomicBool::new(true);
 static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
 static TUNE_K_WARPS: AtomicUsize = AtomicUsize::new(WARPS as usize);
+static TUNE_WAVES: AtomicBool = AtomicBool::new(false);
 static TUNE_TILE_WARPS: AtomicUsize = AtomicUsize::new(TILE_WARPS);
 static TUNE_TILE_TILES: AtomicUsize = AtomicUsize::new(TILE_TILES);
 static TUNE_TILE_FRAGS: AtomicUsize = AtomicUsize::new(TILE_FRAGS);
@@ -259,6 +307,7 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
     TUNE_THREADS.store(t.threads, Ordering::Relaxed);
     TUNE_K_WARPS.store(t.k_warps, Ordering::Relaxed);
+    TUNE_WAVES.store(t.waves, Ordering::Relaxed);
     Ok(())
 }
 
@@ -343,6 +392,7 @@ pub fn tuning() -> MmaTuning {
         widen: TUNE_WIDEN.load(Ordering::Relaxed),
         threads: TUNE_THREADS.load(Ordering::Relaxed),
         k_warps: TUNE_K_WARPS.load(Ordering::Relaxed),
+        waves: TUNE_WAVES.load(Ordering::Relaxed),
         tile_warps: TUNE_TILE_WARPS.load(Ordering::Relaxed),
         tile_tiles: TUNE_TILE_TILES.load(Ordering::Relaxed),
         tile_frags: TUNE_TILE_FRAGS.load(Ordering::Relaxed),

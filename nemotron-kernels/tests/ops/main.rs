@@ -647,6 +647,25 @@ fn gqa_stage_plan_fits_shared_memory() {
     assert!(!gqa_stages(true, false, 2, 16, 128, 40 * 1024));
 }
 
+/// The wave plan of the tensor-core launches on an H100's 132 SMs (at 56 registers a unit: 9
+/// cubes of 4 warps an SM, 18 of 2): Lightning's batch-1 routed `down` (1,344 cubes, 1.13 waves)
+/// takes 2 warps (one wave); its `up` (928 cubes) and the FP8 `in_proj` (644) already fit one
+/// wave; the widened FP8 `out_proj` (168 cubes of 16 warps) fits; batch 64's grouped experts
+/// (21,840 cubes) run many full waves and keep theirs; one warp never halves.
+#[test]
+fn wave_plan_halves_launches_just_past_one_wave() {
+    use nemotron_kernels::cube::plans::linear::{wave_warps, MMA_UNIT_REGISTERS};
+    assert_eq!(MMA_UNIT_REGISTERS % 8, 0, "a whole allocation granule");
+    assert_eq!(wave_warps(1344, 4, 132), 2);
+    assert_eq!(wave_warps(928, 4, 132), 4);
+    assert_eq!(wave_warps(644, 4, 132), 4);
+    assert_eq!(wave_warps(168, 16, 132), 16);
+    assert_eq!(wave_warps(21840, 4, 132), 4);
+    assert_eq!(wave_warps(5000, 1, 132), 1);
+    // Past what half the warps hold in one wave: unchanged.
+    assert_eq!(wave_warps(2400, 4, 132), 4);
+}
+
 #[test]
 fn gqa_split_plan_fills_small_grids() {
     use nemotron_kernels::cube::plans::attention::gqa_split_plan as plan;
@@ -734,6 +753,8 @@ fn settings_parse_each_key_into_its_field() {
     assert!(Settings::parse("fp8direct=on").unwrap().tune.fp8_direct);
     assert_eq!(Settings::parse("mw=4").unwrap().tune.m_warps, 4);
     assert_eq!(Settings::parse("kw=2").unwrap().tune.k_warps, 2);
+    assert!(Settings::parse("waves=on").unwrap().tune.waves);
+    assert!(!d.tune.waves);
     assert!(!Settings::parse("attnstage=off").unwrap().attn_stage);
     assert!(Settings::parse("attnstage=on").unwrap().attn_stage);
     assert_eq!(d.tune.k_warps, 4);

@@ -40,7 +40,7 @@
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, yz};
 use super::super::reduce::block_sum;
 use super::super::tensor_core::{
-    block_end, blocks, chunk_load, m_split, tiles, tuning, warp_sum, warp_sum_m, warps,
+    block_end, blocks, chunk_load, m_split, sms, tiles, tuning, warp_sum, warp_sum_m, warps,
 };
 use super::frag::{e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, Fp8E4m3, TWO_POW_112_BITS};
 use super::grouped::group_in_one_cube;
@@ -787,6 +787,7 @@ pub(crate) fn nvfp4<R: CubeRuntime>(
         c.n.div_ceil(16) * experts * nblocks,
         (c.k / 32).div_ceil(4),
         tuning().group,
+        sms(client),
     );
     // Safety: `k % 32 == 0` makes activation rows and weight chunks whole 16-byte vectors; tokens
     // and rows past the ends are clamped and never written; members are slots `< pairs` written by
@@ -1021,6 +1022,7 @@ fn fp8_with<R: CubeRuntime>(
         c.n.div_ceil(16) * nblocks,
         (c.k / 16).div_ceil(4),
         tuning().group,
+        sms(client),
     );
     // Rows quantized in-kernel (a few rows, a small grid) keep one row tile per cube.
     let (kw, mw) = m_split(kw, if inq > 0 { 1 } else { tuning().m_warps });

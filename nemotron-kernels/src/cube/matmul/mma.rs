@@ -7,7 +7,7 @@
 
 use super::super::buffers::{arg, contiguous_as, empty, handle_arg, yz};
 use super::super::tensor_core::{
-    block_end, blocks, chunk_load, m_split, mma, tiles, tuning, warp_sum_m, warps,
+    block_end, blocks, chunk_load, m_split, mma, sms, tiles, tuning, warp_sum_m, warps,
 };
 use burn::tensor::{bf16, DType};
 use burn_cubecl::tensor::CubeTensor;
@@ -163,6 +163,7 @@ pub(crate) fn launch<R: CubeRuntime>(
         n.div_ceil(16) * nblocks,
         (k / 8).div_ceil(4),
         tuning().group,
+        sms(&x.client),
     );
     let (kw, mw) = m_split(kw, tuning().m_warps);
     let (gy, gz) = yz(nblocks);
