@@ -73,6 +73,8 @@
 #   kern ONLY    the device-timed kernel table (benches/kernels.rs, packed as deps/kernels; bargs
 #                "--mma-min S" for a setting) over
 #                the rows whose names contain one of the comma-separated ONLY
+#   ksweep S ONLY  the kernel table's rows ONLY once per kernel setting of the ;-separated S
+#                (`default` for the library's defaults)
 #   ncuk ONLY RE ncu sections (speed of light, occupancy, warp states, memory, instructions, source
 #                counters) over the first 6 launches of the kernels matching the regex RE while the
 #                kernel table runs its rows matching ONLY (e.g. ncuk "decode attention" attn_gqa);
@@ -294,6 +296,15 @@ while [ $# -gt 0 ]; do
         ls -la $d >>"$OUT/sass.log"; head -c 2000 $d/sass.csv >>"$OUT/sass.log"
         tar -C $d -cJf "$OUT/sass_$tag.tar.xz" . ; shift 2 ;;
     kern) run kernels.log $B/deps/kernels $BX --backend cuda --dtype bf16 --only "$1"; shift ;;
+    ksweep)
+        # The kernel table's rows ONLY ($2) once per setting of the ;-separated S ($1; `default`:
+        # the library's defaults), one process each (a setting is process-wide).
+        IFS=';' read -r -a sets <<<"$1"
+        for s in "${sets[@]}"; do
+          if [ "$s" = default ]; then margs=(); else margs=(--mma-min "$s"); fi
+          run kernels.log $B/deps/kernels "${margs[@]}" --backend cuda --dtype bf16 --only "$2"
+        done
+        shift 2 ;;
     ncuk)
         # ncu sections over the first launches of the kernels matching $2 while the kernel
         # table runs its rows matching $1 (no checkpoint, no model: seconds).
