@@ -441,6 +441,9 @@ fn engine_run(a: &Args, m: &NemotronH, batch: usize, plen: usize) -> Res<(f64, f
     Ok(first.expect("at least one mode"))
 }
 
+/// The slot budget in bytes of the run's first engine (`--slot-memory`), kept for the others.
+static SLOT_BUDGET: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
 fn engine_run_one(
     a: &Args,
     m: &NemotronH,
@@ -454,7 +457,19 @@ fn engine_run_one(
         None => EngineOptions::new(batch, cap),
         Some(sm) => {
             let sm: SlotMemory = sm.parse()?;
-            let o = EngineOptions::for_memory(m, sm.budget(m.device())?, cap)?;
+            // A fraction is of the free memory once, at the first engine of the run: later
+            // engines (other batches, `--mma-min` settings) would see the pools the allocator
+            // keeps from the earlier ones and size fewer slots (0.35 of an H100's free memory
+            // held 256 slots, then 152: PERF 39).
+            let budget = match SLOT_BUDGET.get() {
+                Some(&b) => b,
+                None => {
+                    let b = sm.budget(m.device())?;
+                    let _ = SLOT_BUDGET.set(b);
+                    b
+                }
+            };
+            let o = EngineOptions::for_memory(m, budget, cap)?;
             if o.max_batch < batch {
                 return Err(format!(
                     "--slot-memory {sm} holds {} slots of {cap} tokens: fewer than batch {batch}",
