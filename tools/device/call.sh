@@ -19,6 +19,8 @@
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
 #                the 10,922 tokens that crashed the slot-major expert grid), 8 decode steps
 #   ops F        only the ops tests whose names contain one of the comma-separated F
+#                (cuda_bf16::mma_linears compiles a kernel set per tuning: ≈ 400 s alone on an
+#                H100; give it and cuda_bf16_tunings::* calls of their own)
 #   pall         engine prefill and 64 decode steps at 1 x 1,024, 16 and 64 x 128 (one load)
 #   pf3          pf without the 12,288-token prompt
 #   p1           engine prefill of 1 x 1,024 and 8,192 tokens, 8 decode steps (one load)
