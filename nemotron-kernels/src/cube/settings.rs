@@ -160,7 +160,7 @@ impl Settings {
     /// batch, the default; 1: one row a warp, as before); `attnsplit=auto|1|2|4|8|16` (cubes per
     /// GQA group of decode attention; `auto`: its plan by grid, the default; 1: one cube a
     /// group, as before); `attnstage=on|off` (the GQA kernel's K rows staged through shared
-    /// memory, plain 16-bit pools); `matrows=N` (rows from which the exact f32 matmul, the router's,
+    /// memory, plain pools where the cube's shared memory holds them); `matrows=N` (rows from which the exact f32 matmul, the router's,
     /// runs its register-blocked kernel; `max` never). Unknown
     /// keys, bad
     /// numbers and values outside a knob's range are refused, naming the item.

@@ -23,13 +23,23 @@ pub const WARPS: u32 = 4;
 /// 16 warps per cube took the batch-1 Lightning step from 2.99 to 2.80 ms on the H200).
 pub const TARGET_THREADS: usize = 64 * 1024;
 
-/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time:
-/// [`MmaTuning::k_warps`] ([`WARPS`]), doubled (up to 16) while the grid holds fewer than [`MmaTuning::threads`] threads and every
-/// warp still has a load round of its own.
-/// With [`MmaTuning::waves`] and the device's SM count (`sms`), [`wave_warps`] then halves a
-/// launch that spills just past one wave.
+/// [`plan_warps`] under the tuning in force.
 pub(crate) fn warps(cubes: usize, iters: usize, grp: usize, sms: Option<usize>) -> usize {
-    let t = tuning();
+    plan_warps(&tuning(), cubes, iters, grp, sms)
+}
+
+/// Warps per cube for `cubes` cubes over `iters` K steps taken `grp` at a time under `t` (pure;
+/// tested on the host): [`MmaTuning::k_warps`], doubled (up to 16) while the grid holds fewer
+/// than [`MmaTuning::threads`] threads and every warp still has a load round of its own; then,
+/// with [`MmaTuning::waves`] and the device's SM count (`sms`), [`wave_warps`] halves a launch
+/// that spills just past one wave.
+pub fn plan_warps(
+    t: &MmaTuning,
+    cubes: usize,
+    iters: usize,
+    grp: usize,
+    sms: Option<usize>,
+) -> usize {
     let mut kw = t.k_warps;
     while t.widen && kw < 16 && cubes * kw * 32 < t.threads && 2 * kw * grp <= iters {
         kw *= 2;

@@ -664,6 +664,19 @@ fn wave_plan_halves_launches_just_past_one_wave() {
     assert_eq!(wave_warps(5000, 1, 132), 1);
     // Past what half the warps hold in one wave: unchanged.
     assert_eq!(wave_warps(2400, 4, 132), 4);
+    // The tuning's `waves` and `kw` reach the launch plan: the routed `down` (15 K steps in
+    // groups of 2) halves only with `waves` and a known SM count; `kw=2` starts at 2; the FP8
+    // `out_proj`'s 168 cubes widen to 16 warps from either start.
+    use nemotron_kernels::cube::plans::linear::{plan_warps, MmaTuning};
+    let d = MmaTuning::default();
+    let waves = MmaTuning { waves: true, ..d };
+    let kw2 = MmaTuning { k_warps: 2, ..d };
+    assert_eq!(plan_warps(&d, 1344, 15, 2, Some(132)), 4);
+    assert_eq!(plan_warps(&waves, 1344, 15, 2, Some(132)), 2);
+    assert_eq!(plan_warps(&waves, 1344, 15, 2, None), 4);
+    assert_eq!(plan_warps(&kw2, 1344, 15, 2, Some(132)), 2);
+    assert_eq!(plan_warps(&d, 168, 64, 2, Some(132)), 16);
+    assert_eq!(plan_warps(&kw2, 168, 64, 2, Some(132)), 16);
 }
 
 #[test]
@@ -865,7 +878,7 @@ macro_rules! arms {
         #[cfg(feature = "wgpu")]
         mod wgpu {
             use super::*;
-            fn arm() -> super::Arm {
+            pub(super) fn arm() -> super::Arm {
                 super::Arm {
                     dev: burn::tensor::Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
                     dtype: burn::tensor::DType::F32,
@@ -877,7 +890,7 @@ macro_rules! arms {
         #[cfg(feature = "cuda")]
         mod cuda_f32 {
             use super::*;
-            fn arm() -> super::Arm {
+            pub(super) fn arm() -> super::Arm {
                 super::Arm {
                     dev: burn::tensor::Device::cuda(0),
                     dtype: burn::tensor::DType::F32,
@@ -893,7 +906,7 @@ macro_rules! arms {
         #[cfg(feature = "cuda")]
         mod cuda_bf16 {
             use super::*;
-            fn arm() -> super::Arm {
+            pub(super) fn arm() -> super::Arm {
                 super::Arm {
                     dev: burn::tensor::Device::cuda(0),
                     dtype: burn::tensor::DType::BF16,
@@ -913,14 +926,8 @@ macro_rules! arms {
 /// so CUDA bf16 only).
 #[cfg(feature = "cuda")]
 mod cuda_bf16_tunings {
+    use super::cuda_bf16::arm;
     use super::*;
-    fn arm() -> super::Arm {
-        super::Arm {
-            dev: burn::tensor::Device::cuda(0),
-            dtype: burn::tensor::DType::BF16,
-            band: super::BF16,
-        }
-    }
     #[test]
     #[ignore = "needs a CUDA GPU: run on the device machine with --ignored"]
     fn mma_linears_k_warps() {

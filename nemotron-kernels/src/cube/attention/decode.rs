@@ -64,14 +64,19 @@ pub enum AttnForm {
 /// unfused one.
 pub fn plan(asked: AttnForm, heads: usize, kv_heads: usize, hd: usize) -> AttnForm {
     let group = heads / kv_heads.max(1);
-    let gqa_bytes = group * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4;
     if !split_applies(hd) {
         AttnForm::Unfused
-    } else if asked == AttnForm::Gqa && gqa_bytes > GQA_SHARED {
+    } else if asked == AttnForm::Gqa && gqa_shared_bytes(group, hd) > GQA_SHARED {
         AttnForm::Split
     } else {
         asked
     }
+}
+
+/// Shared memory of a GQA cube of `r` query heads, head dim `hd`, before any staging: `r` query
+/// rows, `r` unit sums and two `r × CHUNK` score arrays, in f32.
+fn gqa_shared_bytes(r: usize, hd: usize) -> usize {
+    r * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4
 }
 
 /// Cubes [`gqa_split_plan`] fills a GQA launch to before it stops splitting groups. From the
@@ -162,9 +167,8 @@ pub fn gqa_stages(
     hd: usize,
     limit: usize,
 ) -> bool {
-    let others = r * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4;
     let staged = ATTN_CHUNK * (hd + 2) * elem_bytes;
-    asked && !fp8 && others + staged <= limit.min(48 * 1024)
+    asked && !fp8 && gqa_shared_bytes(r, hd) + staged <= limit.min(48 * 1024)
 }
 
 static FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
