@@ -1,7 +1,9 @@
 //! The device-timed kernel table at the Lightning shapes (no model): each op timed as N
 //! back-to-back launches between two syncs, and as the same N launches captured once and replayed
 //! (the launch gaps gone: device time), with bytes, GB/s and % of the copy ceiling measured in the
-//! same run (FLOP/s for the matmuls). A `cargo bench` target (`harness = false`), not built by
+//! same run (FLOP/s for the matmuls). The batch-1 and small-batch rows' launches rotate over
+//! copies of their weights (or disjoint expert choices) past the L2, as the model streams them
+//! (`--warm`: one copy). A `cargo bench` target (`harness = false`), not built by
 //! `cargo test`:
 //!
 //! `cargo bench --bench kernels --features cuda -- --backend cuda --dtype bf16 [--repeats 5]
@@ -19,6 +21,7 @@ use nemotron::kernels::cube::settings::Settings;
 use nemotron::kernels::rng::Lcg;
 use nemotron::kernels::{ops, Epilogue, Fp8Matrix, Fp8Weights, Nvfp4Matrix, Nvfp4Weights};
 use nemotron::{dtype_name, BackendKind, DType};
+use std::rc::Rc;
 use std::time::Instant;
 
 #[derive(Parser, Clone)]
@@ -38,6 +41,12 @@ struct Args {
     /// (all rows when not given).
     #[arg(long)]
     only: Option<String>,
+    /// Each row's weights as one copy, read by every launch of a timing (the table before
+    /// session 41): a working set below the L2 (50 MB on an H100 or H200) is then partly served
+    /// from it, which the model, streaming every weight once a token, never is. By default the
+    /// launches rotate over copies ([`Cold`]).
+    #[arg(long)]
+    warm: bool,
     /// What `cargo bench` passes to every bench target; accepted and ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -87,6 +96,59 @@ fn with_paths(min: (usize, usize), inq: Option<usize>, f: impl FnOnce()) {
     s.apply().expect("thresholds apply");
     f();
     saved.apply().expect("the settings in force apply again");
+}
+
+/// Bytes of distinct weights a timing's launches rotate over (four times an H100's or H200's
+/// 50 MB L2), so that no launch finds its weights in L2 from the launches before it. With one
+/// copy, the batch-1 FP8 `in_proj` (27.7 MB) read at 108–112 % of the DRAM copy ceiling and the
+/// routed experts (22.4 MB) swung between 12.7 and 16.7 µs from process to process (PERF §40).
+const COLD_BYTES: f64 = 200e6;
+
+/// Most copies of one row's weights (its small rows stay partly warm: they are latency-bound).
+const COLD_MAX_COPIES: usize = 64;
+
+/// Items a row's launches take in turn (weights, or routed rows' expert choices): one per launch,
+/// cycling, the captured graph replaying the same order.
+struct Cold<T> {
+    items: Vec<T>,
+    next: std::cell::Cell<usize>,
+}
+
+impl<T> Cold<T> {
+    fn new(items: Vec<T>) -> Self {
+        assert!(!items.is_empty(), "a row needs at least one item");
+        Cold {
+            items,
+            next: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The next item (round-robin).
+    fn take(&self) -> &T {
+        let i = self.next.get();
+        self.next.set((i + 1) % self.items.len());
+        &self.items[i]
+    }
+}
+
+/// Copies of a row's weights of `bytes` for [`COLD_BYTES`] (1 with `--warm`).
+fn copies(a: &Args, bytes: f64) -> usize {
+    if a.warm {
+        1
+    } else {
+        ((COLD_BYTES / bytes.max(1.0)).ceil() as usize).clamp(1, COLD_MAX_COPIES)
+    }
+}
+
+/// Disjoint choices of `slots` experts among `experts` (as many as fit, at least one; `--warm`:
+/// the one fixed choice `first`) for a routed row's launches to rotate over.
+fn expert_sets(a: &Args, experts: usize, slots: usize, first: &[i32]) -> Vec<Vec<i32>> {
+    if a.warm || experts < 2 * slots {
+        return vec![first.to_vec()];
+    }
+    (0..experts / slots)
+        .map(|s| (0..slots).map(|j| (s * slots + j) as i32).collect())
+        .collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -184,6 +246,19 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         ce * 1e6,
         cr * 1e6
     );
+    println!(
+        "{}",
+        if a.warm {
+            "weights warm (--warm): every launch of a row reads the same copy, partly from L2"
+                .to_string()
+        } else {
+            format!(
+                "weights cold: the batch-1 and small-batch rows rotate over copies (or disjoint \
+                 expert choices) of up to {:.0} MB, at most {COLD_MAX_COPIES} copies",
+                COLD_BYTES / 1e6
+            )
+        }
+    );
     let nvfp4 = |rng: &mut Lcg, e: usize, nout: usize, k: usize| -> Vec<Nvfp4Matrix> {
         (0..e)
             .map(|_| Nvfp4Matrix {
@@ -225,17 +300,22 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         (4096, 2688),
         (2688, 131072),
     ] {
-        let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+        let wbytes = (nout * k / 2 + nout * k / 16) as f64;
+        let w = Rc::new(Cold::new(
+            (0..copies(a, wbytes))
+                .map(|_| Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev))
+                .collect(),
+        ));
         let x = act(&mut rng, vec![1, k]);
         for (path, min) in b1_paths {
             let (x, w) = (x.clone(), w.clone());
             rows.push(Row {
                 name: format!("NVFP4 GEMV {k}→{nout} {path}"),
-                bytes: (nout * k / 2 + nout * k / 16) as f64 + esize * (k + nout) as f64,
+                bytes: wbytes + esize * (k + nout) as f64,
                 flops: 2.0 * (k * nout) as f64,
                 op: Box::new(move || {
                     with_paths(min, None, || {
-                        drop(ops::nvfp4_linear(x.clone(), &w, Epilogue::None));
+                        drop(ops::nvfp4_linear(x.clone(), w.take(), Epilogue::None));
                     });
                 }),
             });
@@ -254,7 +334,13 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         let w = Nvfp4Weights::upload(&nvfp4(&mut rng, experts, nout, k), dev);
         let x = act(&mut rng, vec![slots / div, k]);
         let chosen: Vec<i32> = [3i32, 17, 42, 77, 90, 121, 128, 129][..slots].to_vec();
-        let idx = Tensor::<1, Int>::from_data(TensorData::new(chosen, [slots]), dev);
+        // Disjoint expert choices in turn (the stack is 364 MB): each launch reads cold weights.
+        let idx = Rc::new(Cold::new(
+            expert_sets(a, experts, slots, &chosen)
+                .into_iter()
+                .map(|c| Tensor::<1, Int>::from_data(TensorData::new(c, [slots]), dev))
+                .collect(),
+        ));
         for (path, min) in b1_paths {
             let (x, w, idx) = (x.clone(), w.clone(), idx.clone());
             rows.push(Row {
@@ -266,7 +352,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                     with_paths(min, None, || {
                         drop(ops::nvfp4_expert_linear(
                             x.clone(),
-                            idx.clone(),
+                            idx.take().clone(),
                             div,
                             &w,
                             epi,
@@ -323,16 +409,26 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
     ] {
         let x = act(&mut rng, vec![tokens, k]);
         let (wbytes, run): (f64, Box<dyn Fn(Tensor<2>)>) = if fp8w {
-            let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+            let wbytes = (nout * k) as f64;
+            let w = Cold::new(
+                (0..copies(a, wbytes))
+                    .map(|_| Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev))
+                    .collect(),
+            );
             (
-                (nout * k) as f64,
-                Box::new(move |x| drop(ops::fp8_linear(x, &w, Epilogue::None))),
+                wbytes,
+                Box::new(move |x| drop(ops::fp8_linear(x, w.take(), Epilogue::None))),
             )
         } else {
-            let w = Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev);
+            let wbytes = (nout * k / 2 + nout * k / 16) as f64;
+            let w = Cold::new(
+                (0..copies(a, wbytes))
+                    .map(|_| Nvfp4Weights::upload(&nvfp4(&mut rng, 1, nout, k), dev))
+                    .collect(),
+            );
             (
-                (nout * k / 2 + nout * k / 16) as f64,
-                Box::new(move |x| drop(ops::nvfp4_linear(x, &w, Epilogue::None))),
+                wbytes,
+                Box::new(move |x| drop(ops::nvfp4_linear(x, w.take(), Epilogue::None))),
             )
         };
         let run = std::rc::Rc::new(run);
@@ -361,7 +457,11 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
         (2688, 64),
         (4096, 2688),
     ] {
-        let w = Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev);
+        let w = Rc::new(Cold::new(
+            (0..copies(a, (nout * k) as f64))
+                .map(|_| Fp8Weights::upload(&[fp8(&mut rng, nout, k)], dev))
+                .collect(),
+        ));
         let x = act(&mut rng, vec![1, k]);
         for (path, min, inq) in [
             ("GEMV", gemv, 0),
@@ -375,7 +475,7 @@ fn kernels(a: &Args, dev: &Device, dtype: BDType) -> Res<()> {
                 flops: 2.0 * (k * nout) as f64,
                 op: Box::new(move || {
                     with_paths(min, Some(inq), || {
-                        drop(ops::fp8_linear(x.clone(), &w, Epilogue::None))
+                        drop(ops::fp8_linear(x.clone(), w.take(), Epilogue::None))
                     });
                 }),
             });
