@@ -91,8 +91,9 @@ struct Args {
     profile_step: bool,
     /// Tensor-core thresholds `ROWS,SLOTS` (plain linears from ROWS rows of `x`, routed experts
     /// grouped by expert from SLOTS slots, slot-major from ROWS below that; `max` turns one off)
-    /// instead of the library's defaults. Several, separated by `;`, run the engine once per
-    /// setting (one load, paths compared in the same call); other modes take the first.
+    /// instead of the library's defaults, or `key=value` items (`Settings::parse`); `default`
+    /// is the library's defaults. Several, separated by `;`, run the engine once per setting
+    /// (one load, paths compared in the same call); other modes take the first.
     #[arg(long, value_delimiter = ';')]
     mma_min: Vec<String>,
     /// With --engine: the engine's step token budget (decode rows first, then pieces of

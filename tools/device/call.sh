@@ -14,7 +14,8 @@
 #                NEMOTRON_SCAN_SSD=1: the whole-model tests with a kernel setting not the default)
 #   b1 SETTINGS  engine decode at batch 1 after 1K and 8K prompts, one run per --mma-min setting
 #   b1s S        engine decode at batch 1 after 1K and 8K prompts (64 steps, median of 2) on the
-#                in-memory weights, once per --mma-min setting of the ;-separated S
+#                in-memory weights, once per --mma-min setting of the ;-separated S (`default`:
+#                the library's defaults, in the same process)
 #   bN SETTINGS  engine decode at batch 16 and 64 after 128-token prompts
 #   pf           engine prefill: 1 x 1,024 and 8,192, 16 and 64 x 128, and 1 x 12,288 (past
 #                the 10,922 tokens that crashed the slot-major expert grid), 8 decode steps

@@ -38,8 +38,7 @@ pub mod linear {
 /// Decode attention's form (split, GQA, …); the prefill kernel's key tile.
 pub mod attention {
     pub use crate::cube::attention::decode::{
-        form, gqa_split, gqa_split_plan, gqa_stage, gqa_stages, plan, set_form, set_gqa_split,
-        set_gqa_stage, AttnForm, GQA_MIN_CUBES, GQA_STAGE,
+        form, gqa_split, gqa_split_plan, plan, set_form, set_gqa_split, AttnForm, GQA_MIN_CUBES,
     };
     pub use crate::cube::attention::flash::{
         keys_per_tile as flash_keys_per_tile, shared_bytes as flash_shared_bytes, FLASH_KEYS,

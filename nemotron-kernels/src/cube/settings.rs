@@ -46,9 +46,6 @@ pub struct Settings {
     /// Cubes per GQA group of decode attention, 0 for its plan by grid
     /// ([`decode::set_gqa_split`]).
     pub attn_split: usize,
-    /// Whether decode attention's GQA kernel stages K through shared memory where it can
-    /// ([`decode::set_gqa_stage`]).
-    pub attn_stage: bool,
     /// Rows from which the exact matmul runs its register-blocked kernel
     /// ([`matmul::set_rows_from`]).
     pub matmul_rows_from: usize,
@@ -72,7 +69,6 @@ impl Default for Settings {
             flash_mma: true,
             ssm_walk: step::SSM_WALK_DEFAULT,
             attn_split: 0,
-            attn_stage: decode::GQA_STAGE,
             matmul_rows_from: matmul::MATMUL_ROWS_FROM,
         }
     }
@@ -96,7 +92,6 @@ impl Settings {
             flash_mma: flash::flash_mma(),
             ssm_walk: step::ssm_walk(),
             attn_split: decode::gqa_split(),
-            attn_stage: decode::gqa_stage(),
             matmul_rows_from: matmul::rows_from(),
         }
     }
@@ -118,7 +113,6 @@ impl Settings {
         flash::set_flash_mma(self.flash_mma);
         step::set_ssm_walk(self.ssm_walk);
         decode::set_gqa_split(self.attn_split);
-        decode::set_gqa_stage(self.attn_stage);
         matmul::set_rows_from(self.matmul_rows_from);
         Ok(())
     }
@@ -159,12 +153,15 @@ impl Settings {
     /// `ssmwalk=auto|1|2|4|8` (state rows per warp of the SSM decode step; `auto`: its plan by
     /// batch, the default; 1: one row a warp, as before); `attnsplit=auto|1|2|4|8|16` (cubes per
     /// GQA group of decode attention; `auto`: its plan by grid, the default; 1: one cube a
-    /// group, as before); `attnstage=on|off` (the GQA kernel's K rows staged through shared
-    /// memory, plain pools where the cube's shared memory holds them); `matrows=N` (rows from which the exact f32 matmul, the router's,
-    /// runs its register-blocked kernel; `max` never). Unknown
-    /// keys, bad
-    /// numbers and values outside a knob's range are refused, naming the item.
+    /// group, as before); `matrows=N` (rows from which the exact f32 matmul, the router's,
+    /// runs its register-blocked kernel; `max` never). `default` alone is the library's
+    /// defaults (so `bench --mma-min default --mma-min grp=4` compares a knob with them in one
+    /// process). Unknown keys, bad numbers and values outside a knob's range are refused, naming
+    /// the item.
     pub fn parse(text: &str) -> Result<Self, String> {
+        if text.trim() == "default" {
+            return Ok(Settings::default());
+        }
         let num = |v: &str| -> Result<usize, String> {
             match v.trim() {
                 "max" => Ok(usize::MAX),
@@ -268,7 +265,6 @@ impl Settings {
                         w => return Err(format!("{text:?}: ssmwalk={w}: auto, 1, 2, 4 or 8")),
                     },
                 },
-                "attnstage" => s.attn_stage = on_off(k, v)?,
                 "attnsplit" => match v {
                     "auto" => s.attn_split = 0,
                     v => match num(v)? {

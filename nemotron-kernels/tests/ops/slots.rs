@@ -314,21 +314,17 @@ fn ssm_step_case(arm: &Arm, n: usize, rows: &[i32]) {
 /// chunks, whole over 11, 2 ways for the groups of 2 over one chunk).
 pub fn attention_step_matches(arm: &Arm) {
     let _form = super::ATTN_FORM.lock().unwrap_or_else(|e| e.into_inner());
-    use nemotron_kernels::cube::plans::attention::{
-        set_form, set_gqa_split, set_gqa_stage, AttnForm,
-    };
-    for (form, split, stage) in [
-        (AttnForm::Gqa, 0, true),
-        (AttnForm::Gqa, 0, false),
-        (AttnForm::Gqa, 1, true),
-        (AttnForm::Gqa, 4, true),
-        (AttnForm::Gqa, 16, false),
-        (AttnForm::Split, 0, true),
-        (AttnForm::Unfused, 0, true),
+    use nemotron_kernels::cube::plans::attention::{set_form, set_gqa_split, AttnForm};
+    for (form, split) in [
+        (AttnForm::Gqa, 0),
+        (AttnForm::Gqa, 1),
+        (AttnForm::Gqa, 4),
+        (AttnForm::Gqa, 16),
+        (AttnForm::Split, 0),
+        (AttnForm::Unfused, 0),
     ] {
         set_form(form);
         set_gqa_split(split);
-        set_gqa_stage(stage);
         for (cap, lens, hd, nh) in [
             (8, [3, 0, 5], 16, 4),
             (200, [130, 0, 198], 16, 4),
@@ -347,7 +343,6 @@ pub fn attention_step_matches(arm: &Arm) {
     }
     set_form(AttnForm::Gqa);
     set_gqa_split(0);
-    set_gqa_stage(nemotron_kernels::cube::plans::attention::GQA_STAGE);
 }
 
 fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize, nh: usize) {
@@ -389,10 +384,9 @@ fn attention_step_case(arm: &Arm, cap: usize, lens: [i32; 3], hd: usize, nh: usi
     let ((go, gk, gv, gbefore, glens), (ro, rk, rv, _, _)) = (run(arm), run(&href));
     close(
         &format!(
-            "attention_step o {:?} split {} stage {} (cap {cap}, lens {lens:?}, hd {hd}, {nh} heads)",
+            "attention_step o {:?} split {} (cap {cap}, lens {lens:?}, hd {hd}, {nh} heads)",
             nemotron_kernels::cube::plans::attention::form(),
-            nemotron_kernels::cube::plans::attention::gqa_split(),
-            nemotron_kernels::cube::plans::attention::gqa_stage()
+            nemotron_kernels::cube::plans::attention::gqa_split()
         ),
         &go,
         &ro,

@@ -73,7 +73,7 @@ pub fn plan(asked: AttnForm, heads: usize, kv_heads: usize, hd: usize) -> AttnFo
     }
 }
 
-/// Shared memory of a GQA cube of `r` query heads, head dim `hd`, before any staging: `r` query
+/// Shared memory of a GQA cube of `r` query heads, head dim `hd`: `r` query
 /// rows, `r` unit sums and two `r × CHUNK` score arrays, in f32.
 fn gqa_shared_bytes(r: usize, hd: usize) -> usize {
     r * (hd + GQA_UNITS + 2 * SPLIT_CHUNK) * 4
@@ -134,41 +134,6 @@ pub fn set_gqa_split(split: usize) {
 /// The setting of [`set_gqa_split`].
 pub fn gqa_split() -> usize {
     GQA_SPLIT.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Whether the GQA kernel stages each chunk's K rows through shared memory (the default of
-/// [`set_gqa_stage`]; plain pools only, where the cube's shared memory holds them). Off until
-/// timed on CUDA: after 8K the unstaged launch spends 84 % of its sectors in excess (H100 ncu,
-/// `docs/PERF.md` §38), which staging removes (`bench --mma-min attnstage=on`).
-pub const GQA_STAGE: bool = false;
-
-static GQA_STAGE_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(GQA_STAGE);
-
-/// Sets whether [`attn_gqa_kernel()`] stages K through shared memory where it can
-/// ([`gqa_stages`]). Process-wide; for tests and benchmarks.
-pub fn set_gqa_stage(on: bool) {
-    GQA_STAGE_ON.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// The setting of [`set_gqa_stage`].
-pub fn gqa_stage() -> bool {
-    GQA_STAGE_ON.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Whether a GQA launch stages K (pure; tested on the host): asked, a plain (not FP8) pool, and
-/// the staged rows (`ATTN_CHUNK × (hd + 2)` values of `elem_bytes`) beside the kernel's other
-/// shared memory for `r` heads a cube within `limit` bytes (the device's, at most 48 KiB: the
-/// static limit of a CUDA cube). Lightning's groups of 16 stage in bf16 (41 KB), not in f32.
-pub fn gqa_stages(
-    asked: bool,
-    fp8: bool,
-    elem_bytes: usize,
-    r: usize,
-    hd: usize,
-    limit: usize,
-) -> bool {
-    let staged = ATTN_CHUNK * (hd + 2) * elem_bytes;
-    asked && !fp8 && gqa_shared_bytes(r, hd) + staged <= limit.min(48 * 1024)
 }
 
 static FORM: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -346,14 +311,6 @@ fn run<R: CubeRuntime>(
                 if form == AttnForm::Gqa {
                     let group = nh / kvh;
                     let split = gqa_split_plan(group, kvh, rows, chunks, gqa_split());
-                    let stage = gqa_stages(
-                        gqa_stage(),
-                        $fp8,
-                        dtype.size(),
-                        group / split,
-                        hd,
-                        client.properties().hardware.max_shared_memory_size,
-                    );
                     attn_gqa_kernel::launch::<$t, $p, R>(
                         &client,
                         {
@@ -384,7 +341,6 @@ fn run<R: CubeRuntime>(
                         hd,
                         group / split,
                         $fp8,
-                        stage,
                     );
                 } else {
                     attn_split_kernel::launch::<$t, $p, R>(

@@ -73,7 +73,6 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     #[comptime] hd: usize,
     #[comptime] r: usize,
     #[comptime] fp8: bool,
-    #[comptime] stage: bool,
 ) {
     let (nh, kvh, cap, chunks) = (
         heads as usize,
@@ -127,44 +126,17 @@ pub fn attn_gqa_kernel<F: Float, P: Numeric>(
     let d0 = (u / ATTN_CHUNK) * half;
     let t = (t0 + p).min(n - 1);
     let mut kv = Array::<f32>::new(half);
-    // `stage` (a plain pool): the chunk's K rows pass through shared memory, loaded by
-    // consecutive units at consecutive elements (a warp's load is one 64-byte run), each row
-    // padded by 2 so a unit's reads of its own row fall on 32 banks. Read straight, each unit's
-    // half-row loads were 32 rows apart across a warp (84 % of the sectors excess after 8K).
-    let kst = comptime!(hd + 2);
-    let mut ks = Shared::<[P]>::new_slice(comptime!(if stage { ATTN_CHUNK * kst } else { 1 }));
-    if stage {
-        #[unroll]
-        for i in 0..comptime!((ATTN_CHUNK * hd).div_ceil(GQA_UNITS)) {
-            let e = u + i * GQA_UNITS;
-            if e < ATTN_CHUNK * hd {
-                let (pp, dd) = (e / hd, e % hd);
-                let tt = (t0 + pp).min(n - 1);
-                ks[pp * kst + dd] = if tt == len {
-                    P::cast_from(k[kb0 + dd])
-                } else {
-                    kpool[(kvb + tt) * hd + dd]
-                };
-            }
-        }
-        sync_cube();
-        #[unroll]
-        for i in 0..half {
-            kv[i] = f32::cast_from(ks[p * kst + d0 + i]);
-        }
-    } else {
-        kv_key_half(
-            k,
-            kb0 + d0,
-            kpool,
-            (kvb + t) * hd + d0,
-            t == len,
-            &mut kv,
-            k_scale,
-            half,
-            fp8,
-        );
-    }
+    kv_key_half(
+        k,
+        kb0 + d0,
+        kpool,
+        (kvb + t) * hd + d0,
+        t == len,
+        &mut kv,
+        k_scale,
+        half,
+        fp8,
+    );
     sync_cube();
     let mut sm = Shared::<[f32]>::new_slice(r * GQA_UNITS);
     #[unroll]
