@@ -100,8 +100,9 @@ fn with_paths(min: (usize, usize), inq: Option<usize>, f: impl FnOnce()) {
 
 /// Bytes of distinct weights a timing's launches rotate over (four times an H100's or H200's
 /// 50 MB L2), so that no launch finds its weights in L2 from the launches before it. With one
-/// copy, the batch-1 FP8 `in_proj` (27.7 MB) read at 108–112 % of the DRAM copy ceiling and the
-/// routed experts (22.4 MB) swung between 12.7 and 16.7 µs from process to process (PERF §40).
+/// copy, the batch-1 FP8 `in_proj` (27.7 MB) read at up to 112 % of the DRAM copy ceiling and the
+/// same routed kernel (22.4 MB) under the same setting at 12.8 or 15.5–15.6 µs from process to
+/// process (PERF §40).
 const COLD_BYTES: f64 = 200e6;
 
 /// Most copies of one row's weights (its small rows stay partly warm: they are latency-bound).

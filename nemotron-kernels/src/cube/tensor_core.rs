@@ -178,10 +178,11 @@ pub struct MmaTuning {
     pub threads: usize,
     /// Warps splitting K of a tensor-core cube before widening: 1, 2 or 4 ([`WARPS`]). Fewer
     /// warps make smaller cubes, so more stay resident at once where registers limit them
-    /// (a grid past one wave runs a second, mostly idle one).
+    /// (a grid past one wave runs a second, mostly idle one). 4: `kw=2` was no faster on the
+    /// whole batch-1 step on the H100 (`docs/PERF.md` §40).
     pub k_warps: usize,
     /// A launch just past one wave halves its warps where that fits it in one ([`wave_warps`];
-    /// off until timed on CUDA).
+    /// off: no faster on the whole batch-1 step on the H100, `docs/PERF.md` §40).
     pub waves: bool,
     /// Warps per cube of the tiled kernels ([`super::linear::tile`]): 4 or 8 (64 or 128 weight rows;
     /// a pass of one token tile stages too few vectors for 8 warps and runs 4,
