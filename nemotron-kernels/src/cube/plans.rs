@@ -28,10 +28,10 @@ pub mod linear {
     };
     pub use crate::cube::linear::tile::TileShape;
     pub use crate::cube::tensor_core::{
-        blocks, m_split, mma, plan_warps, set_mma, set_mma_min, set_tuning, tile_warps,
+        blocks, fp8_pipe, m_split, mma, plan_warps, set_mma, set_mma_min, set_tuning, tile_warps,
         tiles_up_to, tuning, wave_warps, MmaTuning, BF16_DECODE, BLOCK_PASSES, FP8_DIRECT,
-        GEMM_STEPS, GEMM_WARPS_N, MMA_UNIT_REGISTERS, M_WARPS, TARGET_THREADS, TILE_BUFFERS,
-        TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS, WARPS,
+        FP8_PIPE, GEMM_STEPS, GEMM_WARPS_N, MMA_UNIT_REGISTERS, M_WARPS, TARGET_THREADS,
+        TILE_BUFFERS, TILE_FRAGS, TILE_PARTS, TILE_TILES, TILE_WARPS, WARPS,
     };
 }
 

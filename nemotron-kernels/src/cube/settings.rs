@@ -124,7 +124,8 @@ impl Settings {
     /// slots), `fp8tile` (the tiled FP8
     /// kernel: plain rows), `fp8gemm` (the FP8 GEMM staging both operands: plain rows) (rows or slots; `max` for off); `inq` (FP8 rows quantized in-kernel
     /// up to); `attn=gqa|split|unfused` (decode attention form); `grp=N` (tensor-core load
-    /// rounds of N steps); `pipe=on|off` (the next round loaded before the work);
+    /// rounds of N steps); `pipe=on|off` (the next round loaded before the work); `fp8pipe=on|off` (the same for the
+    /// plain FP8 `mma` kernel alone);
     /// `fp8direct=on|off` (the FP8 `mma` and tiled kernels accumulate in the `mma`, not per
     /// `k32` step; refused beside `fp8gemm`, whose kernel it does not change); `mw=1|2|4`
     /// (warps of a plain FP8 or dense `mma` cube taking row tiles side by side); `bdec=on|off`
@@ -250,6 +251,7 @@ impl Settings {
                 "scanssd" => s.scan_ssd_min = num(v)?,
                 "widen" => s.tune.widen = on_off(k, v)?,
                 "pipe" => s.tune.pipe = on_off(k, v)?,
+                "fp8pipe" => s.tune.fp8_pipe = on_off(k, v)?,
                 "fp8direct" => {
                     s.tune.fp8_direct = on_off(k, v)?;
                     direct_asked = s.tune.fp8_direct;

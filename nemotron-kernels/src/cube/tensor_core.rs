@@ -172,6 +172,10 @@ pub const GROUP: usize = 2;
 pub struct MmaTuning {
     pub group: usize,
     pub pipe: bool,
+    /// `pipe` for the FP8 kernel alone ([`fp8_pipe`]): its first load round goes out before the
+    /// in-kernel quantizing (and the gated norm) of a few rows, so that prologue runs while the
+    /// weights are in flight, without the NVFP4 kernels' extra registers. Off until measured.
+    pub fp8_pipe: bool,
     /// Small grids take more warps per cube (`warps`); off: always [`WARPS`].
     pub widen: bool,
     /// The threads a widened grid aims for.
@@ -226,6 +230,7 @@ impl Default for MmaTuning {
         MmaTuning {
             group: GROUP,
             pipe: PIPE,
+            fp8_pipe: FP8_PIPE,
             widen: true,
             threads: TARGET_THREADS,
             k_warps: WARPS as usize,
@@ -246,6 +251,15 @@ impl Default for MmaTuning {
 
 /// The default of [`MmaTuning::pipe`].
 pub const PIPE: bool = false;
+
+/// The default of [`MmaTuning::fp8_pipe`]: off until a whole step measures it.
+pub const FP8_PIPE: bool = false;
+
+/// Whether the plain FP8 `mma` kernel pipelines its loads under `t` (pure; tested on the host):
+/// with [`MmaTuning::pipe`] (every tensor-core kernel) or [`MmaTuning::fp8_pipe`] (this one).
+pub fn fp8_pipe(t: &MmaTuning) -> bool {
+    t.pipe || t.fp8_pipe
+}
 
 /// The default of [`MmaTuning::fp8_direct`]. On sm_90 the E4M3 `mma` is no tensor-core FP8
 /// instruction: `ptxas` widens each operand to f16 (`F2FP.F16.E4M3.UNPACK_B`) and runs two
@@ -284,6 +298,7 @@ pub fn m_split(kw: usize, m_warps: usize) -> (usize, usize) {
 
 static TUNE_GROUP: AtomicUsize = AtomicUsize::new(GROUP);
 static TUNE_PIPE: AtomicBool = AtomicBool::new(PIPE);
+static TUNE_FP8_PIPE: AtomicBool = AtomicBool::new(FP8_PIPE);
 static TUNE_WIDEN: AtomicBool = AtomicBool::new(true);
 static TUNE_THREADS: AtomicUsize = AtomicUsize::new(TARGET_THREADS);
 static TUNE_K_WARPS: AtomicUsize = AtomicUsize::new(WARPS as usize);
@@ -315,6 +330,7 @@ pub fn set_tuning(t: MmaTuning) -> Result<(), String> {
     TUNE_TILE_TILES.store(t.tile_tiles, Ordering::Relaxed);
     TUNE_GROUP.store(t.group, Ordering::Relaxed);
     TUNE_PIPE.store(t.pipe, Ordering::Relaxed);
+    TUNE_FP8_PIPE.store(t.fp8_pipe, Ordering::Relaxed);
     TUNE_WIDEN.store(t.widen, Ordering::Relaxed);
     TUNE_THREADS.store(t.threads, Ordering::Relaxed);
     TUNE_K_WARPS.store(t.k_warps, Ordering::Relaxed);
@@ -400,6 +416,7 @@ pub fn tuning() -> MmaTuning {
     MmaTuning {
         group: TUNE_GROUP.load(Ordering::Relaxed),
         pipe: TUNE_PIPE.load(Ordering::Relaxed),
+        fp8_pipe: TUNE_FP8_PIPE.load(Ordering::Relaxed),
         widen: TUNE_WIDEN.load(Ordering::Relaxed),
         threads: TUNE_THREADS.load(Ordering::Relaxed),
         k_warps: TUNE_K_WARPS.load(Ordering::Relaxed),

@@ -659,6 +659,36 @@ fn wave_plan_halves_launches_just_past_one_wave() {
     assert_eq!(plan_warps(&kw2, 168, 64, 2, Some(132)), 16);
 }
 
+/// `fp8pipe=on` pipelines the plain FP8 `mma` kernel alone: the key reaches the tuning (and no
+/// other field), the FP8 launch's plan takes it, and `pipe=on` (every tensor-core kernel) still
+/// pipelines FP8 without it.
+#[test]
+fn fp8_pipe_reaches_the_fp8_launch_alone() {
+    use nemotron_kernels::cube::plans::linear::{fp8_pipe, MmaTuning, FP8_PIPE};
+    use nemotron_kernels::cube::settings::Settings;
+    let d = MmaTuning::default();
+    assert_eq!(fp8_pipe(&d), FP8_PIPE || d.pipe);
+    let on = Settings::parse("fp8pipe=on").unwrap().tune;
+    assert_eq!(
+        on,
+        MmaTuning {
+            fp8_pipe: true,
+            ..d
+        },
+        "fp8pipe sets its own field only"
+    );
+    assert!(
+        fp8_pipe(&on) && !on.pipe,
+        "the NVFP4 kernels keep their loads unpipelined"
+    );
+    let all = Settings::parse("pipe=on").unwrap().tune;
+    assert!(fp8_pipe(&all) && !all.fp8_pipe);
+    let off = Settings::parse("fp8pipe=off").unwrap().tune;
+    assert!(!fp8_pipe(&off));
+    let e = Settings::parse("fp8pipe=1").unwrap_err();
+    assert!(e.contains("fp8pipe"), "{e}");
+}
+
 /// Decode attention's GQA sub-groups (`gqa_split_plan`): Lightning's 16-head groups over 2 kv
 /// heads split one head a cube at batch 1 after 128 tokens (6 (row, chunk) pairs), 2 ways after
 /// 1K (17 chunks: 68 cubes), stay whole after 8K (129 chunks) and at batches 16 and 64 — the

@@ -40,7 +40,8 @@
 use super::super::buffers::{arg, contiguous_as, elemwise, empty, f32_buf, yz};
 use super::super::reduce::block_sum;
 use super::super::tensor_core::{
-    block_end, blocks, chunk_load, m_split, sms, tiles, tuning, warp_sum, warp_sum_m, warps,
+    block_end, blocks, chunk_load, fp8_pipe, m_split, sms, tiles, tuning, warp_sum, warp_sum_m,
+    warps,
 };
 use super::frag::{e2m1_pair, e2m1_pair_bf16, fp8_a, nvfp4_load, Fp8E4m3, TWO_POW_112_BITS};
 use super::grouped::group_in_one_cube;
@@ -1059,7 +1060,7 @@ fn fp8_with<R: CubeRuntime>(
             c.relu2,
             c.split.is_some(),
             inq,
-            tuning().pipe,
+            fp8_pipe(&tuning()),
             norm.is_some(),
             tuning().fp8_direct,
             mw,
