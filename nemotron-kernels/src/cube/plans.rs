@@ -24,7 +24,7 @@ pub mod linear {
     pub use crate::cube::linear::plan::{
         gemv, plan, Format, Limits, LinearPath, LinearPlan, LinearShape, MmaForm, MmaMin,
         DENSE_MM_MIN, EXPERT_MAJOR_MAX_K, FP8_GEMV_MAX_K, FP8_MM_MIN, MMA_FP8_MIN_ROWS,
-        MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN, MMA_TILE_MIN_ROWS,
+        MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_NVFP4_MIN_ROWS, MMA_TILE_MIN, MMA_TILE_MIN_ROWS,
     };
     pub use crate::cube::linear::tile::TileShape;
     pub use crate::cube::tensor_core::{

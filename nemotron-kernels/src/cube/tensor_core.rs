@@ -6,8 +6,8 @@
 //! [`super::linear::plan`]'s thresholds), so either family imports it one way.
 
 use super::linear::plan::{
-    MmaMin, DENSE_MM_MIN, FP8_MM_MIN, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS, MMA_TILE_MIN,
-    MMA_TILE_MIN_ROWS,
+    MmaMin, DENSE_MM_MIN, FP8_MM_MIN, MMA_FP8_MIN_ROWS, MMA_MIN_ROWS, MMA_MIN_SLOTS,
+    MMA_NVFP4_MIN_ROWS, MMA_TILE_MIN, MMA_TILE_MIN_ROWS,
 };
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -89,7 +89,7 @@ pub(crate) fn sms<R: cubecl::prelude::Runtime>(
 }
 
 static MIN: [AtomicUsize; 12] = [
-    AtomicUsize::new(MMA_MIN_ROWS),
+    AtomicUsize::new(MMA_NVFP4_MIN_ROWS),
     AtomicUsize::new(MMA_FP8_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),
     AtomicUsize::new(MMA_MIN_ROWS),

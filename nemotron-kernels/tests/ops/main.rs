@@ -491,10 +491,21 @@ fn linear_plan_picks_each_tier() {
     assert_eq!(path(up(96), &em), P::ExpertMajor);
     let wide = call(Format::Nvfp4, 96, 4128, true, 128);
     assert_eq!(path(wide, &em), P::Gemv, "k past the expert-major GEMV");
-    // Plain NVFP4 rows (the shared expert).
+    // Plain NVFP4 rows (the shared expert; the lm_head): on the tensor cores from one row
+    // (the batch-1 lm_head, PERF 41); under the old start of 4 rows one row took the GEMV and
+    // two the small-M kernel.
     let sh = |slots| call(Format::Nvfp4, slots, 2688, false, 1);
-    assert_eq!(path(sh(1), &tc), P::Gemv);
-    assert_eq!(path(sh(2), &tc), P::SmallM, "below the tensor-core rows");
+    assert_eq!(path(sh(1), &tc), P::Mma(MmaForm::Rows), "batch-1 lm_head");
+    assert_eq!(path(sh(2), &tc), P::Mma(MmaForm::Rows));
+    let from4 = Limits {
+        min: MmaMin {
+            nvfp4: 4,
+            ..MmaMin::default()
+        },
+        ..tc
+    };
+    assert_eq!(path(sh(1), &from4), P::Gemv);
+    assert_eq!(path(sh(2), &from4), P::SmallM, "below the tensor-core rows");
     assert_eq!(path(sh(16), &tc), P::Mma(MmaForm::Rows));
     assert_eq!(path(sh(1024), &tc), P::Tiled { grouped: false });
     // Plain rows and grouped slots reach the tiled kernel at their own sizes (PERF 36): a

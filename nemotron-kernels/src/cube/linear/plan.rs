@@ -18,9 +18,16 @@
 //! 3. **GEMVs**: small-M (2+ plain rows), vector (one row or routed; FP8 `k` up to 12,288), scalar
 //!    (any size).
 
-/// Rows of `x` from which a plain NVFP4 or dense linear, and slot-major routing, run on the
-/// tensor cores (bf16, CUDA).
+/// Rows of `x` from which a dense linear, and slot-major routing, run on the tensor cores
+/// (bf16, CUDA); plain NVFP4 from [`MMA_NVFP4_MIN_ROWS`].
 pub const MMA_MIN_ROWS: usize = 4;
+/// Rows of `x` from which a plain NVFP4 linear runs on the tensor cores: every row. At batch 1
+/// that is the lm_head (the shared expert folds into the routed stack at decode): one token of
+/// eight per `mma`, but the E2M1 decode shared by the tile's rows instead of the GEMV's per
+/// weight. The whole batch-1 Lightning step on an H100 (one process, median of 2): 2.37 →
+/// 2.29 ms after a 1K prompt and 2.52 → 2.44 ms after 8K (`docs/PERF.md` §41); from 4 rows
+/// every plain NVFP4 linear already ran here.
+pub const MMA_NVFP4_MIN_ROWS: usize = 1;
 /// Rows of `x` from which a plain FP8 linear runs on the tensor cores: every row. At batch 1
 /// the `mma` over one token of eight still beat the FP8 GEMV in the whole Lightning step on the
 /// H200 (3.15 → 2.91 ms per token after a 1K prompt; the GEMV is issue-bound on its decode).
@@ -68,7 +75,7 @@ pub struct MmaMin {
 impl Default for MmaMin {
     fn default() -> Self {
         MmaMin {
-            nvfp4: MMA_MIN_ROWS,
+            nvfp4: MMA_NVFP4_MIN_ROWS,
             fp8: MMA_FP8_MIN_ROWS,
             dense: MMA_MIN_ROWS,
             slot_major: MMA_MIN_ROWS,
