@@ -174,7 +174,10 @@ pub struct MmaTuning {
     pub pipe: bool,
     /// `pipe` for the FP8 kernel alone ([`fp8_pipe`]): its first load round goes out before the
     /// in-kernel quantizing (and the gated norm) of a few rows, so that prologue runs while the
-    /// weights are in flight, without the NVFP4 kernels' extra registers. Off until measured.
+    /// weights are in flight, without the NVFP4 kernels' extra registers. Off: the whole batch-1
+    /// step measured −2.6 % after a 1K prompt and +0.9 % after 8K on an H100 (`docs/PERF.md`
+    /// §41); kept for rows quantized before the kernel, where one process of the kernel table
+    /// read `in_proj` at 15.7 µs with it against 17.1–19.6 without (to be repeated).
     pub fp8_pipe: bool,
     /// Small grids take more warps per cube (`warps`); off: always [`WARPS`].
     pub widen: bool,
@@ -252,7 +255,7 @@ impl Default for MmaTuning {
 /// The default of [`MmaTuning::pipe`].
 pub const PIPE: bool = false;
 
-/// The default of [`MmaTuning::fp8_pipe`]: off until a whole step measures it.
+/// The default of [`MmaTuning::fp8_pipe`]: off (`docs/PERF.md` §41).
 pub const FP8_PIPE: bool = false;
 
 /// Whether the plain FP8 `mma` kernel pipelines its loads under `t` (pure; tested on the host):

@@ -23,8 +23,9 @@
 pub const MMA_MIN_ROWS: usize = 4;
 /// Rows of `x` from which a plain NVFP4 linear runs on the tensor cores: every row. At batch 1
 /// that is the lm_head (the shared expert folds into the routed stack at decode): one token of
-/// eight per `mma`, but the E2M1 decode shared by the tile's rows instead of the GEMV's per
-/// weight. The whole batch-1 Lightning step on an H100 (one process, median of 2): 2.37 →
+/// eight per `mma`, but E2M1 pairs decoded straight into bf16 fragments, where the GEMV, bound
+/// by what it issues, decodes and multiplies each weight in f32. The whole batch-1 Lightning
+/// step on an H100 (one process, median of 2): 2.37 →
 /// 2.29 ms after a 1K prompt and 2.52 → 2.44 ms after 8K (`docs/PERF.md` §41); from 4 rows
 /// every plain NVFP4 linear already ran here.
 pub const MMA_NVFP4_MIN_ROWS: usize = 1;
