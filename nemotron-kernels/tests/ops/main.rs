@@ -671,8 +671,8 @@ fn wave_plan_halves_launches_just_past_one_wave() {
 }
 
 /// `fp8pipe=on` pipelines the plain FP8 `mma` kernel alone: the key reaches the tuning (and no
-/// other field), the FP8 launch's plan takes it, and `pipe=on` (every tensor-core kernel) still
-/// pipelines FP8 without it.
+/// other field), `fp8_pipe` (what the FP8 launcher asks; the launch itself runs on CUDA only)
+/// takes it, and `pipe=on` (every tensor-core kernel) still pipelines FP8 without it.
 #[test]
 fn fp8_pipe_reaches_the_fp8_launch_alone() {
     use nemotron_kernels::cube::plans::linear::{fp8_pipe, MmaTuning, FP8_PIPE};
